@@ -1,0 +1,1 @@
+"""Reward functions for rltt recipes (referenced as `rewards/FILE.py:FUNCTION`)."""
