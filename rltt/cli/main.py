@@ -1,0 +1,59 @@
+"""`rltt` command line: one sub-command per module in rltt.cli.
+
+Each sub-command module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` (called with the parsed namespace, returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command name -> module under rltt.cli
+COMMANDS = {
+    "train": "train",
+    "pretrain": "pretrain",
+    "convert": "convert",
+    "curate": "curate",
+    "review": "review",
+    "eval": "evaluate",
+    "bench": "bench",
+    "generate": "generate",
+}
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rltt", description="RL post-training for looped language models")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"rltt.cli.{module}")
+        except ModuleNotFoundError as exc:  # a sub-command not built yet
+            if exc.name != f"rltt.cli.{module}":
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, FileNotFoundError, ValueError, KeyError) as exc:
+        msg = exc.args[0] if exc.args else str(exc)
+        print(f"rltt {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
