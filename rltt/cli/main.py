@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+
 # sub-command name -> module under rltt.cli
 COMMANDS = {
     "train": "train",
@@ -23,8 +24,7 @@ COMMANDS = {
 }
 
 
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2."""
+from rltt.errors import RlttError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, ValueError, KeyError) as exc:
+    except (RlttError, FileNotFoundError) as exc:
         msg = exc.args[0] if exc.args else str(exc)
         print(f"rltt {args.command}: error: {msg}", file=sys.stderr)
         return 2
