@@ -1,1 +1,70 @@
+"""Objectives for looped language models: pure tensor functions (SPEC §1.1, §2.3–2.4, §4).
 
+- :mod:`rltt.objectives.lm`: exit distribution, pretraining and smoothed-exit LM losses
+- :mod:`rltt.objectives.logprob`: policy log-prob definitions and the hybrid log-prob
+- :mod:`rltt.objectives.rl`: group advantages, PPO-clip / REINFORCE losses, aggregation, KL
+"""
+
+from rltt.objectives.lm import (
+    LoopedLMLoss,
+    exit_distribution,
+    exit_entropy,
+    looped_lm_loss,
+    smoothed_exit_loss,
+    step_losses_from_logits,
+    step_losses_from_logprobs,
+)
+from rltt.objectives.logprob import (
+    OMEGAS,
+    POLICY_LOGPROB_KINDS,
+    hybrid_logprob,
+    loop_weights,
+    policy_logprob,
+)
+from rltt.objectives.rl import (
+    ADVANTAGE_SCALES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSS_KINDS,
+    GroupAdvantages,
+    PolicyLoss,
+    aggregate,
+    group_advantages,
+    group_rows,
+    kl_estimate,
+    kl_loss,
+    kl_penalised_rewards,
+    policy_loss,
+    select_informative_groups,
+    uniform_groups,
+)
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "OMEGAS",
+    "POLICY_LOGPROB_KINDS",
+    "POLICY_LOSS_KINDS",
+    "GroupAdvantages",
+    "LoopedLMLoss",
+    "PolicyLoss",
+    "aggregate",
+    "exit_distribution",
+    "exit_entropy",
+    "group_advantages",
+    "group_rows",
+    "hybrid_logprob",
+    "kl_estimate",
+    "kl_loss",
+    "kl_penalised_rewards",
+    "loop_weights",
+    "looped_lm_loss",
+    "policy_logprob",
+    "policy_loss",
+    "select_informative_groups",
+    "smoothed_exit_loss",
+    "step_losses_from_logits",
+    "step_losses_from_logprobs",
+    "uniform_groups",
+]
