@@ -1,0 +1,287 @@
+"""The metric vocabulary shared by the training loops, the logger and ``rltt review``.
+
+Every record in ``RUN_DIR/metrics.jsonl`` is one flat JSON object: ``step`` plus any of the
+keys below. Keys are grouped with ``/`` (``reward/mean``, ``grad_norm/layer/3``), which is
+also how TensorBoard and W&B group them.
+
+Conventions
+-----------
+- ``step`` is the global optimizer step (one RL step = one rollout batch + its updates; one
+  LM step = one optimizer update). It increases monotonically within a run.
+- A key that was not measured at a step is *absent* from that step's record; never log a
+  placeholder 0 (the review treats absent and measured-zero differently).
+- Token-level quantities are means over completion tokens (prompt and padding masked out)
+  unless the table says otherwise.
+- Loop indices ``t`` are 1-based (``t = 1..T``, as in SPEC §1); layer indices ``i`` are
+  0-based, matching the parameter names ``model.layers.<i>.*``.
+- Log-probs and KLs are in nats; times in seconds; memory in GiB (2**30 bytes).
+
+Keys with a placeholder (``reward/{fn}``, ``exit/p_{t}``, ...) are templates; build them with
+the helper functions (:func:`reward_key`, :func:`exit_p_key`, ...) and recognise them with
+:func:`lookup` / :func:`indexed`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+# --------------------------------------------------------------------------- fixed keys
+
+STEP = "step"
+WALL_TIME = "wall_time"
+
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+REWARD_ERRORS = "reward/errors"
+SOLVE_RATE = "solve_rate"
+GROUPS_UNIFORM_FRAC = "groups/uniform_frac"
+
+KL_REF = "kl/ref"
+LOSS_POLICY = "loss/policy"
+LOSS_KL = "loss/kl"
+LOSS_TOTAL = "loss/total"
+POLICY_CLIP_FRAC = "policy/clip_frac"
+POLICY_RATIO_MEAN = "policy/ratio_mean"
+POLICY_RATIO_MAX = "policy/ratio_max"
+POLICY_RATIO_MIN = "policy/ratio_min"
+
+GRAD_NORM_TOTAL = "grad_norm/total"
+
+EXIT_MEAN_STEP = "exit/mean_step"
+EXIT_COLLAPSE = "exit/collapse"
+EXIT_ENTROPY = "exit/entropy"
+
+MISMATCH_MAX_ABS = "mismatch/max_abs"
+MISMATCH_MEAN_ABS = "mismatch/mean_abs"
+MISMATCH_K3 = "mismatch/k3"
+
+LENGTH_MEAN = "length/mean"
+LENGTH_MAX = "length/max"
+LENGTH_TRUNC_FRAC = "length/trunc_frac"
+
+TIME_ROLLOUT = "time/rollout"
+TIME_LEARNER = "time/learner"
+TIME_WEIGHT_SYNC = "time/weight_sync"
+TIME_STEP = "time/step"
+THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
+MEMORY_PEAK_GB = "memory/peak_gb"
+LR = "lr"
+
+LM_LOSS = "lm/loss"
+
+# --------------------------------------------------------------------------- templates
+
+REWARD_FN = "reward/{fn}"
+GRAD_NORM_GROUP = "grad_norm/group/{name}"
+GRAD_NORM_LAYER = "grad_norm/layer/{i}"
+ENTROPY_LOOP = "entropy/loop_{t}"
+EXIT_P = "exit/p_{t}"
+LM_LOSS_STEP = "lm/loss_step_{t}"
+
+#: Module groups of the looped model that :func:`rltt.telemetry.logger.grad_norms` reports
+#: by default (``grad_norm/group/<name>``).
+GRAD_GROUPS = ("embed", "block", "injection", "gate", "norm", "lm_head")
+
+
+def reward_key(fn: str) -> str:
+    """``reward/<fn>``: mean reward of one reward function (e.g. ``reward/gsm8k_strict``)."""
+    if fn in _RESERVED_REWARD_NAMES:
+        raise ValueError(f"reward function name {fn!r} clashes with metric reward/{fn}")
+    return REWARD_FN.format(fn=fn)
+
+
+def grad_group_key(name: str) -> str:
+    """``grad_norm/group/<name>``: L2 norm of the gradients of one module group."""
+    return GRAD_NORM_GROUP.format(name=name)
+
+
+def grad_layer_key(i: int) -> str:
+    """``grad_norm/layer/<i>``: L2 norm of the gradients of shared-block layer ``i`` (0-based)."""
+    return GRAD_NORM_LAYER.format(i=int(i))
+
+
+def entropy_key(t: int) -> str:
+    """``entropy/loop_<t>``: mean token entropy of the step-t distribution P^(t) (t 1-based)."""
+    return ENTROPY_LOOP.format(t=_loop(t))
+
+
+def exit_p_key(t: int) -> str:
+    """``exit/p_<t>``: mean exit probability p_t of loop t (t 1-based)."""
+    return EXIT_P.format(t=_loop(t))
+
+
+def lm_loss_step_key(t: int) -> str:
+    """``lm/loss_step_<t>``: LM cross-entropy L_t of the step-t distribution (t 1-based)."""
+    return LM_LOSS_STEP.format(t=_loop(t))
+
+
+def _loop(t: int) -> int:
+    t = int(t)
+    if t < 1:
+        raise ValueError(f"loop index t is 1-based, got {t}")
+    return t
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One entry of the vocabulary.
+
+    ``key`` is a literal key or a template with one ``{placeholder}``; ``stage`` says which
+    loops log it: ``"rl"`` (RL post-training), ``"lm"`` (pretrain / convert) or ``"all"``.
+    """
+
+    key: str
+    meaning: str
+    unit: str
+    stage: str = "rl"
+
+    @property
+    def is_template(self) -> bool:
+        return "{" in self.key
+
+    @property
+    def group(self) -> str:
+        """The part before the first ``/`` (the whole key when there is none)."""
+        return self.key.split("/", 1)[0]
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(STEP, "global optimizer step of the record", "step", "all"),
+    MetricSpec(WALL_TIME, "time the record was written (added by MetricsLogger)", "unix s", "all"),
+    # rewards and task signal
+    MetricSpec(REWARD_MEAN, "mean total reward over the step's completions", "reward"),
+    MetricSpec(REWARD_STD, "std of the total reward over the step's completions", "reward"),
+    MetricSpec(REWARD_FN, "mean reward of one reward function (unweighted)", "reward"),
+    MetricSpec(REWARD_ERRORS, "completions whose reward function raised (scored 0)", "count"),
+    MetricSpec(SOLVE_RATE, "fraction of completions judged correct", "fraction"),
+    MetricSpec(GROUPS_UNIFORM_FRAC,
+               "fraction of groups whose G rewards are all equal (zero advantage)", "fraction"),
+    # policy update
+    MetricSpec(KL_REF, "KL(policy || reference) per token, estimator of the recipe", "nats/token"),
+    MetricSpec(LOSS_POLICY, "policy-gradient (PPO-clip / REINFORCE) loss", "loss"),
+    MetricSpec(LOSS_KL, "KL penalty term of the loss (coefficient applied)", "loss"),
+    MetricSpec(LOSS_TOTAL, "total loss that was back-propagated", "loss", "all"),
+    MetricSpec(POLICY_CLIP_FRAC, "fraction of tokens whose importance ratio was clipped",
+               "fraction"),
+    MetricSpec(POLICY_RATIO_MEAN, "mean importance ratio pi_theta / pi_old over tokens", "ratio"),
+    MetricSpec(POLICY_RATIO_MAX, "max importance ratio over tokens", "ratio"),
+    MetricSpec(POLICY_RATIO_MIN, "min importance ratio over tokens", "ratio"),
+    # gradients
+    MetricSpec(GRAD_NORM_TOTAL, "global L2 gradient norm before clipping", "L2", "all"),
+    MetricSpec(GRAD_NORM_GROUP,
+               "L2 gradient norm of a module group (embed, block, injection, gate, norm, "
+               "lm_head, other)", "L2", "all"),
+    MetricSpec(GRAD_NORM_LAYER, "L2 gradient norm of shared-block layer i (0-based)", "L2",
+               "all"),
+    # the loops
+    MetricSpec(ENTROPY_LOOP, "mean token entropy of P^(t), loop t (1-based)", "nats/token"),
+    MetricSpec(EXIT_P, "mean exit probability p_t of loop t over tokens (sums to 1 over t)",
+               "probability", "all"),
+    MetricSpec(EXIT_MEAN_STEP, "mean expected exit step sum_t t*p_t over tokens", "loops", "all"),
+    MetricSpec(EXIT_COLLAPSE,
+               "gate-collapse indicator: fraction of tokens whose exit mass on loop 1 is "
+               ">= 0.9 (0 = none collapsed, 1 = every token exits after loop 1)", "fraction",
+               "all"),
+    MetricSpec(EXIT_ENTROPY, "mean entropy H(p) of the exit distribution over tokens",
+               "nats/token", "all"),
+    # sampler vs learner
+    MetricSpec(MISMATCH_MAX_ABS, "max |logp_learner - logp_sampler| over completion tokens",
+               "nats"),
+    MetricSpec(MISMATCH_MEAN_ABS, "mean |logp_learner - logp_sampler| over completion tokens",
+               "nats"),
+    MetricSpec(MISMATCH_K3,
+               "k3 estimate of KL(sampler || learner): mean of r - 1 - log r, "
+               "r = p_learner / p_sampler", "nats/token"),
+    # completions
+    MetricSpec(LENGTH_MEAN, "mean completion length", "tokens"),
+    MetricSpec(LENGTH_MAX, "max completion length", "tokens"),
+    MetricSpec(LENGTH_TRUNC_FRAC, "fraction of completions cut at max_new_tokens", "fraction"),
+    # systems
+    MetricSpec(TIME_ROLLOUT, "wall time of generation (and reward scoring)", "s"),
+    MetricSpec(TIME_LEARNER, "wall time of the learner update(s)", "s"),
+    MetricSpec(TIME_WEIGHT_SYNC, "wall time of learner -> rollout weight sync", "s"),
+    MetricSpec(TIME_STEP, "wall time of the whole step", "s", "all"),
+    MetricSpec(THROUGHPUT_TOKENS_PER_S, "tokens processed per second of step time", "tokens/s",
+               "all"),
+    MetricSpec(MEMORY_PEAK_GB, "peak memory: CUDA max allocated, else process max RSS", "GiB",
+               "all"),
+    MetricSpec(LR, "learning rate used at this step", "lr", "all"),
+    # LM stage (pretrain / convert)
+    MetricSpec(LM_LOSS, "expected LM loss sum_t p_t L_t (without the -beta*H(p) term)",
+               "nats/token", "lm"),
+    MetricSpec(LM_LOSS_STEP, "LM cross-entropy L_t of loop t (1-based)", "nats/token", "lm"),
+)
+
+_RESERVED_REWARD_NAMES = {"mean", "std", "errors"}
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    head, rest = template.split("{", 1)
+    placeholder, tail = rest.split("}", 1)
+    value = r"\d+" if placeholder in ("t", "i") else r"[^/]+"
+    return re.compile(f"^{re.escape(head)}(?P<value>{value}){re.escape(tail)}$")
+
+
+_BY_KEY = {spec.key: spec for spec in METRICS if not spec.is_template}
+_TEMPLATES = [(spec, _template_regex(spec.key)) for spec in METRICS if spec.is_template]
+
+
+def lookup(key: str) -> MetricSpec | None:
+    """The :class:`MetricSpec` that documents ``key`` (literal or via a template), or None."""
+    spec = _BY_KEY.get(key)
+    if spec is not None:
+        return spec
+    for spec, pattern in _TEMPLATES:
+        if pattern.match(key):
+            return spec
+    return None
+
+
+def indexed(keys: Iterable[str], template: str) -> dict[int, str]:
+    """Keys that instantiate an integer template, by index: ``{1: "exit/p_1", 2: ...}``.
+
+    ``template`` is one of :data:`EXIT_P`, :data:`ENTROPY_LOOP`, :data:`GRAD_NORM_LAYER`,
+    :data:`LM_LOSS_STEP`. The result is sorted by index.
+    """
+    pattern = _template_regex(template)
+    found = {}
+    for key in keys:
+        m = pattern.match(key)
+        if m:
+            found[int(m.group("value"))] = key
+    return dict(sorted(found.items()))
+
+
+def named(keys: Iterable[str], template: str) -> dict[str, str]:
+    """Keys that instantiate a name template (:data:`REWARD_FN`, :data:`GRAD_NORM_GROUP`).
+
+    For ``reward/{fn}`` the fixed reward keys (mean, std, errors) are excluded.
+    """
+    pattern = _template_regex(template)
+    found = {}
+    for key in keys:
+        if key in _BY_KEY:
+            continue
+        m = pattern.match(key)
+        if m:
+            found[m.group("value")] = key
+    return dict(sorted(found.items()))
+
+
+def markdown_table(stage: str | None = None) -> str:
+    """The vocabulary as a Markdown table (``stage`` filters: "rl", "lm"; None = all)."""
+    rows = ["| key | meaning | unit |", "|---|---|---|"]
+    for spec in METRICS:
+        if stage is None or spec.stage in (stage, "all"):
+            rows.append(f"| `{spec.key}` | {spec.meaning} | {spec.unit} |")
+    return "\n".join(rows)
+
+
+def unknown_keys(metrics: Mapping[str, object]) -> list[str]:
+    """Keys of ``metrics`` that the vocabulary does not document."""
+    return [key for key in metrics if lookup(key) is None]
