@@ -1,0 +1,91 @@
+"""Exit gate arithmetic and exit policies (SPEC §1.1, §1.4).
+
+Steps are 1-based throughout rltt: t* ∈ {1, …, T}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rltt.errors import ConfigError
+
+POLICY_KINDS = ("final", "fixed", "threshold", "sample")
+
+
+def exit_distribution(gate_probs: torch.Tensor) -> torch.Tensor:
+    """Survival exit distribution from per-step gate probabilities λ (T, ...).
+
+    p_t = λ_t ∏_{s<t} (1 − λ_s) for t < T and p_T = ∏_{s<T} (1 − λ_s); λ_T is unused,
+    so Σ_t p_t = 1 up to rounding.
+    """
+    num_loops = gate_probs.shape[0]
+    lam = gate_probs.float()
+    survive = torch.cumprod(1.0 - lam, dim=0)  # survive[t] = ∏_{s<=t} (1 − λ_s)
+    before = torch.cat([torch.ones_like(lam[:1]), survive[:-1]], dim=0)  # ∏_{s<t}
+    probs = lam * before
+    if num_loops > 1:
+        probs = torch.cat([probs[:-1], before[-1:]], dim=0)
+    else:
+        probs = torch.ones_like(lam)
+    return probs
+
+
+@dataclass(frozen=True)
+class ExitPolicy:
+    """Which step's distribution a token is sampled from.
+
+    ``final`` (t* = T), ``fixed:k`` (t* = k), ``threshold:q`` (first t with CDF_t ≥ q, else T),
+    ``sample`` (t* ~ p).
+    """
+
+    kind: str = "final"
+    value: float | int | None = None
+
+    @classmethod
+    def parse(cls, spec: "str | ExitPolicy", num_loops: int, field: str = "exit_policy") -> "ExitPolicy":
+        if isinstance(spec, ExitPolicy):
+            policy = spec
+        else:
+            text = str(spec).strip()
+            kind, _, arg = text.partition(":")
+            if kind not in POLICY_KINDS:
+                raise ConfigError(f"{field}: unknown exit policy {text!r}; use final | fixed:k | threshold:q | sample")
+            if kind in ("final", "sample"):
+                if arg:
+                    raise ConfigError(f"{field}: exit policy {kind!r} takes no argument, got {text!r}")
+                policy = cls(kind)
+            else:
+                try:
+                    value = int(arg) if kind == "fixed" else float(arg)
+                except ValueError:
+                    raise ConfigError(f"{field}: exit policy {text!r} needs a number after ':'") from None
+                policy = cls(kind, value)
+        if policy.kind == "fixed" and not 1 <= int(policy.value) <= num_loops:
+            raise ConfigError(f"{field}: fixed:{policy.value} is out of range 1..{num_loops}")
+        if policy.kind == "threshold" and not 0.0 < float(policy.value) <= 1.0:
+            raise ConfigError(f"{field}: threshold:{policy.value} must be in (0, 1]")
+        return policy
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+
+    def choose(self, exit_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Exit step t* (1-based, int64) for every position of ``exit_probs`` (T, ...)."""
+        num_loops = exit_probs.shape[0]
+        shape = exit_probs.shape[1:]
+        device = exit_probs.device
+        if self.kind == "final":
+            return torch.full(shape, num_loops, dtype=torch.long, device=device)
+        if self.kind == "fixed":
+            return torch.full(shape, int(self.value), dtype=torch.long, device=device)
+        if self.kind == "threshold":
+            cdf = torch.cumsum(exit_probs.float(), dim=0)
+            reached = cdf >= float(self.value)
+            reached[-1] = True  # else T
+            return reached.float().argmax(dim=0) + 1
+        # sample: t* ~ Categorical(p)
+        flat = exit_probs.float().reshape(num_loops, -1).transpose(0, 1).clamp_min(0)
+        steps = torch.multinomial(flat, 1, generator=generator).squeeze(-1) + 1
+        return steps.reshape(shape)

@@ -1,0 +1,217 @@
+"""The decoder layer of the shared block: RMSNorm, rotary attention, SwiGLU MLP, step-wise LoRA.
+
+The arithmetic matches transformers' Qwen3/Qwen2/Llama layers operation for operation, so a
+converted dense checkpoint gives the same logits at T = 1. Parameter names follow theirs
+(and Ouro's for the sandwich norms), so conversion and Ouro import are name mappings.
+
+Attention does not own a cache: each layer hands its (q, k, v) to an ``attend`` callable
+(``attend(q, k, v, layer_idx) -> out``) chosen by the caller — the model's forward uses a
+per-(step, layer) KV cache slot, the rollout engine its own batched cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from rltt.model.config import LoopConfig
+
+Step = Union[int, torch.Tensor]  # a 1-based step for the whole batch, or one per row (LongTensor (B,))
+
+
+class Attend(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """q (B, Hq, S, D), k/v (B, Hkv, S, D) with rotary applied → output (B, Hq, S, D)."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Default RoPE: cos/sin of position · θ^(−2i/D), computed in fp32.
+
+    The inverse frequencies are recomputed on each call (D/2 numbers), so there is no
+    non-persistent buffer for checkpoint loading to lose.
+    """
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim
+        return (1.0 / (self.theta**exponent)).to(device)
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, S, D); cos/sin (B, S, D)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (rotate_half(x) * sin)
+
+
+class StepLinear(nn.Linear):
+    """nn.Linear with an optional LoRA adapter per loop step (SPEC §1.1, off by default).
+
+    ``forward(x, step)``: step is a 1-based int for the whole batch or a LongTensor (B,) giving
+    each row its own step (depth-mixed batching).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, num_loops: int = 1,
+                 lora_rank: int = 0, lora_alpha: float = 16.0):
+        super().__init__(in_features, out_features, bias=bias)
+        self.lora_rank = lora_rank
+        if lora_rank:
+            self.lora_scale = lora_alpha / lora_rank
+            self.lora_A = nn.Parameter(torch.empty(num_loops, lora_rank, in_features))
+            self.lora_B = nn.Parameter(torch.zeros(num_loops, out_features, lora_rank))
+            nn.init.normal_(self.lora_A, std=1.0 / lora_rank)
+
+    def forward(self, x: torch.Tensor, step: Step = 1) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        if not self.lora_rank:
+            return out
+        if isinstance(step, int):
+            a, b = self.lora_A[step - 1], self.lora_B[step - 1]
+            return out + F.linear(F.linear(x, a), b) * self.lora_scale
+        a, b = self.lora_A[step - 1], self.lora_B[step - 1]  # (B, r, in), (B, out, r)
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        delta = torch.bmm(torch.bmm(flat, a.transpose(1, 2)), b.transpose(1, 2))
+        return out + delta.reshape(out.shape) * self.lora_scale
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         is_causal: bool, scale: float) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads, dispatched like transformers' sdpa path."""
+    n_rep = q.shape[1] // k.shape[1]
+    kwargs = {}
+    if n_rep > 1:
+        if mask is None:
+            kwargs["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, **kwargs)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LoopConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        d, hd = config.hidden_size, config.head_dim
+
+        def proj(name: str, fan_in: int, fan_out: int) -> StepLinear:
+            rank = config.lora_rank if name in config.lora_targets else 0
+            bias = config.attention_out_bias if name == "o_proj" else config.attention_bias
+            return StepLinear(fan_in, fan_out, bias, config.num_loops, rank, config.lora_alpha)
+
+        self.q_proj = proj("q_proj", d, self.num_heads * hd)
+        self.k_proj = proj("k_proj", d, self.num_kv_heads * hd)
+        self.v_proj = proj("v_proj", d, self.num_kv_heads * hd)
+        self.o_proj = proj("o_proj", self.num_heads * hd, d)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: Step = 1):
+        """Project x (B, S, d) to rotary-embedded q (B, Hq, S, D) and k, v (B, Hkv, S, D)."""
+        b, s, _ = x.shape
+        q = self.q_proj(x, step).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x, step).view(b, s, -1, self.head_dim)
+        v = self.v_proj(x, step).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                step: Step = 1) -> torch.Tensor:
+        q, k, v = self.qkv(x, cos, sin, step)
+        out = attend(q, k, v, self.layer_idx)  # (B, Hq, S, D)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1).contiguous()
+        return self.o_proj(out, step)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LoopConfig):
+        super().__init__()
+        d, f = config.hidden_size, config.intermediate_size
+
+        def proj(name: str, fan_in: int, fan_out: int) -> StepLinear:
+            rank = config.lora_rank if name in config.lora_targets else 0
+            return StepLinear(fan_in, fan_out, config.mlp_bias, config.num_loops, rank, config.lora_alpha)
+
+        self.gate_proj = proj("gate_proj", d, f)
+        self.up_proj = proj("up_proj", d, f)
+        self.down_proj = proj("down_proj", f, d)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor, step: Step = 1) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x, step)) * self.up_proj(x, step), step)
+
+
+class LoopLayer(nn.Module):
+    """One decoder layer with the configured norm placement.
+
+    - ``pre``:      x += attn(ln1(x));           x += mlp(ln2(x))
+    - ``post``:     x = ln1_2(x + attn(x));      x = ln2_2(x + mlp(x))
+    - ``sandwich``/``ouro``: x += ln1_2(attn(ln1(x)));  x += ln2_2(mlp(ln2(x)))
+
+    ln1 = ``input_layernorm``, ln1_2 = ``input_layernorm_2``, ln2 = ``post_attention_layernorm``,
+    ln2_2 = ``post_attention_layernorm_2`` (Llama/Qwen and Ouro names).
+    """
+
+    def __init__(self, config: LoopConfig, layer_idx: int):
+        super().__init__()
+        self.placement = "sandwich" if config.norm_placement == "ouro" else config.norm_placement
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        d, eps = config.hidden_size, config.rms_norm_eps
+        if self.placement in ("pre", "sandwich"):
+            self.input_layernorm = RMSNorm(d, eps)
+            self.post_attention_layernorm = RMSNorm(d, eps)
+        if self.placement in ("post", "sandwich"):
+            self.input_layernorm_2 = RMSNorm(d, eps)
+            self.post_attention_layernorm_2 = RMSNorm(d, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                step: Step = 1) -> torch.Tensor:
+        if self.placement == "pre":
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend, step)
+            return x + self.mlp(self.post_attention_layernorm(x), step)
+        if self.placement == "post":
+            x = self.input_layernorm_2(x + self.self_attn(x, cos, sin, attend, step))
+            return self.post_attention_layernorm_2(x + self.mlp(x, step))
+        x = x + self.input_layernorm_2(self.self_attn(self.input_layernorm(x), cos, sin, attend, step))
+        return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x), step))
+

@@ -1,0 +1,227 @@
+"""The looped language model (SPEC §1.1): one forward you can follow.
+
+    e = embed(x); carry = e
+    for t in 1..T:
+        z_t = inject(e, carry, t)          # none: z_t = carry;  scalar: z_1 = e, z_t = w·e + (1−w)·carry
+        s_t = B(z_t)                       # the L shared layers, KV slot (t−1)·L + l
+        h_t = norm_f(s_t)                  # per-step state: logits ℓ_t = lm_head(h_t), gate λ_t = σ(g(h_t))
+        carry = h_t if carry_normed_state else s_t
+    p = survival(λ)                        # exit distribution over steps
+
+The exit policy picks, for every position, the step t* whose logits the forward returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.utils import ModelOutput
+
+from rltt.model.cache import LoopCache, attention_mask_for, ensure_slots
+from rltt.model.config import LoopConfig
+from rltt.model.exits import ExitPolicy, exit_distribution
+from rltt.model.layers import Attend, LoopLayer, RMSNorm, RotaryEmbedding, Step, StepLinear, sdpa
+
+
+@dataclass
+class LoopOutput(ModelOutput):
+    """What the looped forward returns. Step-indexed tensors have T first; steps are 1-based."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, S, V) logits of the exit step t*
+    past_key_values: Cache | None = None
+    exit_steps: torch.Tensor | None = None  # (B, S) t* chosen by the exit policy
+    gate_probs: torch.Tensor | None = None  # (T, B, S) λ_t
+    exit_probs: torch.Tensor | None = None  # (T, B, S) p_t
+    step_hidden: torch.Tensor | None = None  # (T, B, S, d) normed per-step states h_t (opt-in)
+    step_logits: torch.Tensor | None = None  # (T, B, S, V) per-step logits (opt-in: T× memory)
+
+
+class CacheAttend:
+    """Default attention of the forward: write (k, v) to KV slot (t−1)·L + l, then SDPA."""
+
+    def __init__(self, cache: Cache | None, step: int, num_layers: int, mask, is_causal: bool, scale: float):
+        self.cache, self.step, self.num_layers = cache, step, num_layers
+        self.mask, self.is_causal, self.scale = mask, is_causal, scale
+
+    def __call__(self, q, k, v, layer_idx):
+        if self.cache is not None:
+            k, v = self.cache.update(k, v, LoopCache.slot(self.step, layer_idx, self.num_layers))
+        return sdpa(q, k, v, self.mask, self.is_causal, self.scale)
+
+
+class LoopedPreTrainedModel(PreTrainedModel):
+    config_class = LoopConfig
+    config: LoopConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["LoopLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_attention_backend = False
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, StepLinear) and module.lora_rank:
+            init.normal_(module.lora_A, std=1.0 / module.lora_rank)
+            init.zeros_(module.lora_B)
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, LoopedModel) and module.injection_logit is not None:
+            init.constant_(module.injection_logit, self.config.injection_init)
+
+
+class LoopedModel(LoopedPreTrainedModel):
+    """Embedding, shared block, per-step final norm, exit gate (no LM head)."""
+
+    def __init__(self, config: LoopConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(LoopLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.final_norm == "rmsnorm" else None
+        self.exit_gate = nn.Linear(config.hidden_size, 1, bias=True)
+        self.injection_logit = (
+            nn.Parameter(torch.tensor(float(config.injection_init))) if config.injection == "scalar" else None
+        )
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.post_init()
+
+    # -- the pieces of one step, also used by the rollout engine ---------------------------------
+    def inject(self, embeds: torch.Tensor, carry: torch.Tensor, step: Step) -> torch.Tensor:
+        """z_t from the embeddings e and the carried state (h_0 = e)."""
+        if self.injection_logit is None:
+            return carry
+        w = torch.sigmoid(self.injection_logit).to(carry.dtype)
+        mixed = w * embeds + (1 - w) * carry
+        if isinstance(step, int):
+            return embeds if step == 1 else mixed
+        first = (step == 1).view(-1, *([1] * (carry.dim() - 1)))
+        return torch.where(first, embeds, mixed)
+
+    def block(self, z: torch.Tensor, cos, sin, attend: Attend, step: Step) -> torch.Tensor:
+        """s_t = B(z_t): the L shared layers."""
+        for layer in self.layers:
+            z = layer(z, cos, sin, attend, step)
+        return z
+
+    def final_norm(self, s: torch.Tensor) -> torch.Tensor:
+        return s if self.norm is None else self.norm(s)
+
+    def gate(self, h: torch.Tensor) -> torch.Tensor:
+        """λ_t = σ(w_gᵀ h_t + b_g) in fp32, shape h.shape[:-1]."""
+        return torch.sigmoid(self.exit_gate(h).squeeze(-1).float())
+
+    def carry(self, s: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return h if self.config.carry_normed_state else s
+
+    # -- the forward -------------------------------------------------------------------------
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, num_steps: int | None = None):
+        """Returns (step_hidden (T, B, S, d), gate_probs (T, B, S)), writing to ``past_key_values``."""
+        cfg = self.config
+        e = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        bsz, seq = e.shape[:2]
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -seq:]
+            else:
+                position_ids = torch.arange(past, past + seq, device=e.device).expand(bsz, seq)
+        cos, sin = self.rotary_emb(position_ids, e.dtype)
+        mask, is_causal = attention_mask_for(attention_mask, seq, past, e.device)
+        scale = cfg.head_dim**-0.5
+
+        hidden, carry = [], e
+        for t in range(1, (num_steps or cfg.num_loops) + 1):
+            attend = CacheAttend(past_key_values, t, cfg.num_hidden_layers, mask, is_causal, scale)
+            s = self.block(self.inject(e, carry, t), cos, sin, attend, t)
+            h = self.final_norm(s)
+            hidden.append(h)
+            carry = self.carry(s, h)
+        step_hidden = torch.stack(hidden)
+        return step_hidden, self.gate(step_hidden)
+
+
+class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
+    """A looped LM: `LoopedModel` + LM head, with per-step logits, exits and `generate()`."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LoopConfig):
+        super().__init__(config)
+        self.model = LoopedModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def exit_policy(self, spec=None) -> ExitPolicy:
+        return ExitPolicy.parse(spec if spec is not None else self.config.exit_policy, self.config.num_loops)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        exit_policy: str | ExitPolicy | None = None,
+        output_step_logits: bool = False,
+        output_step_hidden: bool = False,
+        generator: torch.Generator | None = None,
+        **kwargs,
+    ) -> LoopOutput:
+        cfg = self.config
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        if use_cache:
+            past_key_values = ensure_slots(past_key_values if past_key_values is not None else LoopCache(),
+                                           cfg.num_loops * cfg.num_hidden_layers)
+        else:
+            past_key_values = None
+        policy = self.exit_policy(exit_policy)
+
+        step_hidden, gate_probs = self.model(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds)
+        exit_probs = exit_distribution(gate_probs)
+        keep = slice(-logits_to_keep, None) if logits_to_keep else slice(None)
+        kept_hidden = step_hidden[:, :, keep]
+        exit_steps = policy.choose(exit_probs[:, :, keep], generator)
+        if policy.kind == "final":
+            chosen = kept_hidden[-1]
+        else:
+            index = (exit_steps - 1)[None, :, :, None].expand(1, *kept_hidden.shape[1:])
+            chosen = kept_hidden.gather(0, index)[0]
+        logits = self.lm_head(chosen)
+
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return LoopOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=past_key_values,
+            exit_steps=exit_steps,
+            gate_probs=gate_probs,
+            exit_probs=exit_probs,
+            step_hidden=step_hidden if output_step_hidden else None,
+            step_logits=self.lm_head(kept_hidden) if output_step_logits else None,
+        )
