@@ -1,0 +1,13 @@
+"""Format reward: does the completion end its work with a GSM8K answer line?"""
+
+from __future__ import annotations
+
+from rltt.data.gsm8k import has_final_answer_line
+
+
+def format_reward(completion: str, answer: str | None = None, **kw) -> float:
+    """1.0 if the completion has a line that is exactly ``#### <number>``, else 0.0.
+
+    The answer's value is not checked (``answer`` is accepted for the common signature).
+    """
+    return 1.0 if has_final_answer_line(completion) else 0.0

@@ -1,0 +1,26 @@
+"""GSM8K rewards: the answer after ``####`` (strict) or the last number (flexible).
+
+``answer`` is the reference: a GSM8K solution ending in ``#### N`` or a bare number.
+Numbers compare by value: ``"$1,200"`` equals ``"1200.00"``; ``"-3"`` is negative.
+"""
+
+from __future__ import annotations
+
+from rltt.data.gsm8k import extract_final_answer, extract_last_number, reference_answer, to_decimal
+
+
+def _matches(predicted: str | None, answer: str) -> float:
+    reference = reference_answer(answer)
+    if predicted is None or reference is None:
+        return 0.0
+    return 1.0 if to_decimal(predicted) == to_decimal(reference) else 0.0
+
+
+def strict(completion: str, answer: str, **kw) -> float:
+    """1.0 if the number after the completion's last ``####`` equals the reference, else 0.0."""
+    return _matches(extract_final_answer(completion), answer)
+
+
+def flexible(completion: str, answer: str, **kw) -> float:
+    """1.0 if the last number anywhere in the completion equals the reference, else 0.0."""
+    return _matches(extract_last_number(completion), answer)

@@ -1,0 +1,32 @@
+"""Math reward through the ``math-verify`` package (``pip install 'rltt[math]'``).
+
+Both sides go through ``math_verify.parse`` (LaTeX such as ``\\boxed{\\frac{1}{2}}`` or plain
+expressions) and ``math_verify.verify`` decides equivalence. A GSM8K reference solution is
+reduced to its ``#### N`` number first.
+"""
+
+from __future__ import annotations
+
+from rltt.data.gsm8k import extract_final_answer
+from rltt.errors import RlttError
+
+
+def _math_verify_module():
+    try:
+        import math_verify
+    except ImportError:
+        raise RlttError("reward math_verify needs the 'math-verify' package (pip install 'rltt[math]')") from None
+    return math_verify
+
+
+def math_verify(completion: str, answer: str, **kw) -> float:
+    """1.0 if ``completion``'s final answer is mathematically equivalent to ``answer``, else 0.0."""
+    mv = _math_verify_module()
+    reference = extract_final_answer(answer) or answer
+    gold = mv.parse(reference)
+    if not gold:
+        gold = mv.parse(f"${reference}$")
+    predicted = mv.parse(completion)
+    if not gold or not predicted:
+        return 0.0
+    return 1.0 if mv.verify(gold, predicted) else 0.0
