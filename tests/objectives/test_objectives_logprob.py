@@ -201,3 +201,14 @@ def test_hybrid_logprob_keeps_fp32_rollout_under_bf16_dense():
     assert out.dtype == torch.float32 and torch.equal(out, rollout)
     with pytest.raises(RlttError, match="shape"):
         hybrid_logprob(dense, rollout[:1])
+
+
+def test_hybrid_logprob_exact_even_for_large_mismatch():
+    # the naive d + (r − d) rounds for these values; the hybrid must still return r bit for bit
+    dense = torch.tensor([-20.123, -7.77, -3.3], requires_grad=True)
+    rollout = torch.tensor([-1.234e-4, -1e-7, -0.1])
+    assert not torch.equal(dense.detach() + (rollout - dense.detach()), rollout)
+    out = hybrid_logprob(dense, rollout, dense.detach().clone())
+    assert torch.equal(out, rollout)
+    out.sum().backward()
+    assert torch.equal(dense.grad, torch.ones(3))
