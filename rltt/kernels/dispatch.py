@@ -1,0 +1,166 @@
+"""Public entry point: validate inputs, handle the mask, pick an implementation.
+
+Implementations (``impl=`` or the ``RLTT_LOGPROB_IMPL`` environment variable):
+
+* ``auto`` (default): ``triton`` for CUDA tensors when triton is installed, else ``chunked``;
+* ``triton``: fused Triton kernels (CUDA, or CPU under ``TRITON_INTERPRET=1``);
+* ``chunked``: chunked PyTorch with a recomputing backward (any device);
+* ``reference``: naive, materialises every logit (tests and benchmarks only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import torch
+
+from rltt.errors import RlttError
+from rltt.kernels._common import LoopLogProbs, default_chunk_size
+
+ENV_VAR = "RLTT_LOGPROB_IMPL"
+IMPLS = ("auto", "triton", "chunked", "reference")
+
+
+def triton_installed() -> bool:
+    """Whether the triton package can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton's CPU interpreter is switched on (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def resolve_impl(impl: str | None, device: torch.device) -> str:
+    """The concrete implementation for ``impl`` (or the env var) on ``device``."""
+    source = "impl"
+    if impl is None:
+        impl, source = os.environ.get(ENV_VAR, "auto"), ENV_VAR
+    name = impl.strip().lower()
+    if name not in IMPLS:
+        raise RlttError(f"{source}={impl!r} is not a log-prob implementation; "
+                        f"choose one of {', '.join(IMPLS)}")
+    if name == "auto":
+        return "triton" if device.type == "cuda" and triton_installed() else "chunked"
+    if name == "triton":
+        if not triton_installed():
+            raise RlttError(f"{source}=triton needs the triton package "
+                            "(pip install 'rltt[triton]'); use chunked instead")
+        if device.type != "cuda" and not triton_interpreting():
+            raise RlttError(f"{source}=triton needs CUDA tensors (got {device.type}); "
+                            "set TRITON_INTERPRET=1 to run Triton's interpreter on CPU")
+    return name
+
+
+def _validate(hidden, weight, targets, temperature, mask, chunk_size):
+    if hidden.dim() != 3:
+        raise RlttError(f"hidden must be (T, N, d); got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
+        raise RlttError(f"weight must be (V, d={hidden.shape[2]}); got shape {tuple(weight.shape)}")
+    if weight.shape[0] == 0:
+        raise RlttError("weight has an empty vocabulary (V = 0)")
+    n = hidden.shape[1]
+    if targets.shape != (n,) or targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise RlttError(f"targets must be integer of shape ({n},); "
+                        f"got {targets.dtype} {tuple(targets.shape)}")
+    if mask is not None and (mask.shape != (n,) or mask.dtype != torch.bool):
+        raise RlttError(f"mask must be bool of shape ({n},); got {mask.dtype} {tuple(mask.shape)}")
+    for name, tensor in (("weight", weight), ("targets", targets), ("mask", mask)):
+        if tensor is not None and tensor.device != hidden.device:
+            raise RlttError(f"{name} is on {tensor.device} but hidden is on {hidden.device}")
+    if not hidden.dtype.is_floating_point or not weight.dtype.is_floating_point:
+        raise RlttError(f"hidden and weight must be floating point; got {hidden.dtype}, {weight.dtype}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise RlttError(f"temperature must be a positive finite number; got {temperature!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise RlttError(f"chunk_size must be a positive int; got {chunk_size!r}")
+
+
+def _rows_impl(name: str):
+    if name == "chunked":
+        from rltt.kernels.chunked import chunked_logprobs
+        return chunked_logprobs
+    from rltt.kernels.triton_logprobs import triton_logprobs  # lazy: triton is optional
+    return triton_logprobs
+
+
+def per_loop_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    impl: str | None = None,
+) -> LoopLogProbs:
+    """Log-prob of each target under every loop's distribution, and each loop's entropy.
+
+    Args:
+        hidden: per-step hidden states (T, N, d) (after the final norm); T = 1 for one step.
+        weight: LM-head weight (V, d).
+        targets: token ids (N,), integer (int64 preferred).
+        temperature: logits are divided by it before the softmax.
+        mask: optional (N,) bool; False positions return 0 and get zero gradient (their
+            targets may be anything, e.g. -100 padding).
+        chunk_size: vocabulary columns per chunk (default sized to a 64 MiB fp32 chunk).
+        impl: auto | triton | chunked | reference; default from RLTT_LOGPROB_IMPL, else auto.
+
+    Returns:
+        LoopLogProbs(logprobs (T, N), entropy (T, N)), fp32, differentiable with respect to
+        hidden and weight (gradients come back in their dtypes). Only one vocabulary chunk of
+        logits exists at a time (except for ``reference``).
+    """
+    _validate(hidden, weight, targets, temperature, mask, chunk_size)
+    name = resolve_impl(impl, hidden.device)
+    if name == "reference":
+        from rltt.kernels.reference import reference_logprobs
+        return reference_logprobs(hidden, weight, targets, temperature=temperature, mask=mask)
+
+    steps, n, d = hidden.shape
+    vocab = weight.shape[0]
+    targets = targets.long()
+    index = None
+    if mask is not None and not bool(mask.all()):
+        index = mask.nonzero().squeeze(1)
+        hidden = hidden.index_select(1, index)
+        targets = targets.index_select(0, index)
+    if targets.numel() and bool((targets < 0).any() | (targets >= vocab).any()):
+        bad = targets[(targets < 0) | (targets >= vocab)][0].item()
+        raise RlttError(f"target id {bad} is outside the vocabulary [0, {vocab}) "
+                        "(mask padding positions out)")
+    rows = hidden.reshape(steps * hidden.shape[1], d)
+    row_targets = targets.repeat(steps)
+    chunk = chunk_size or default_chunk_size(rows.shape[0], vocab)
+    logprobs, entropy = _rows_impl(name)(rows, weight, row_targets, 1.0 / temperature, chunk)
+    logprobs = logprobs.view(steps, -1)
+    entropy = entropy.view(steps, -1)
+    if index is not None:
+        logprobs = logprobs.new_zeros(steps, n).index_copy(1, index, logprobs)
+        entropy = entropy.new_zeros(steps, n).index_copy(1, index, entropy)
+    return LoopLogProbs(logprobs, entropy)
+
+
+def logprobs_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    **kwargs,
+) -> LoopLogProbs:
+    """Single-step convenience: hidden (..., d) and targets (...) -> fp32 tensors of shape (...).
+
+    The same kernels as :func:`per_loop_logprobs` with T = 1; ``mask`` (if given) has the
+    shape of ``targets``. Keyword arguments are those of :func:`per_loop_logprobs`.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise RlttError(f"hidden {tuple(hidden.shape)} must be targets {tuple(targets.shape)} + (d,)")
+    mask = kwargs.pop("mask", None)
+    if mask is not None:
+        if mask.shape != targets.shape:
+            raise RlttError(f"mask {tuple(mask.shape)} must have the shape of targets {tuple(targets.shape)}")
+        mask = mask.reshape(-1)
+    out = per_loop_logprobs(hidden.reshape(1, -1, hidden.shape[-1]), weight, targets.reshape(-1),
+                            mask=mask, **kwargs)
+    return LoopLogProbs(out.logprobs.view(targets.shape), out.entropy.view(targets.shape))

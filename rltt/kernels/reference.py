@@ -1,0 +1,39 @@
+"""Naive per-loop log-probs: materialise all T x N x V logits.
+
+Used only by tests and benchmarks as the ground truth; it holds the full logits tensor (and
+autograd keeps several of its size), which is exactly what the fused kernels avoid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rltt.kernels._common import LoopLogProbs
+
+
+def reference_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+) -> LoopLogProbs:
+    """log_softmax(hidden @ weight.T / temperature) gathered at targets, and the entropy.
+
+    hidden (T, N, d), weight (V, d), targets (N,), mask (N,) bool or None. Computes in fp32
+    and returns fp32 (T, N) tensors; masked positions are 0 (and get no gradient).
+    """
+    logits = hidden.float() @ weight.float().T / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    safe_targets = targets.long()
+    if mask is not None:
+        safe_targets = torch.where(mask, safe_targets, torch.zeros_like(safe_targets))
+    index = safe_targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)
+    logprobs = logp.gather(-1, index).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    if mask is not None:
+        keep = mask.view(1, -1)
+        logprobs = torch.where(keep, logprobs, torch.zeros_like(logprobs))
+        entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
+    return LoopLogProbs(logprobs, entropy)
