@@ -51,8 +51,12 @@ def test_group_advantages_delta_batch_and_none_scales():
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_all_equal_group_has_exactly_zero_advantage(scale):
-    # 0.1 + 0.1 + 0.1 != 0.3 in floating point: r − mean would leave a residue
-    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 1.0, 0.7, 0.7, 0.7])
+    # for this float32 value r − mean(r, r, r) leaves a rounding residue of ~6e-8, which
+    # a division by (std + δ) would blow up into a spurious advantage
+    v = 0.7038277387619019
+    rewards = torch.tensor([v, v, v, 1.0, 0.0, 1.0, 0.7, 0.7, 0.7])
+    grouped = rewards.view(3, 3)
+    assert (grouped[0] - grouped.mean(1)[0]).abs().max() > 0
     out = group_advantages(rewards, 3, scale)
     assert torch.equal(out.advantages[:3], torch.zeros(3))
     assert torch.equal(out.advantages[6:], torch.zeros(3))
