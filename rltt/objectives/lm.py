@@ -126,7 +126,9 @@ class LoopedLMLoss:
         }
 
 
-def _check_lm_inputs(name: str, step_losses: torch.Tensor, exit_probs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _check_lm_inputs(
+    name: str, step_losses: torch.Tensor, exit_probs: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """Validate shapes and return the mask as a float tensor of shape step_losses.shape[1:]."""
     if step_losses.dim() < 1:
         raise RlttError(f"{name}: step_losses needs a step axis first, got a scalar")

@@ -76,7 +76,9 @@ def loop_weights(
     return torch.softmax(learned_logits, dim=0)
 
 
-def _check_exit_steps(exit_steps: torch.Tensor, num_loops: int, token_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
+def _check_exit_steps(
+    exit_steps: torch.Tensor, num_loops: int, token_shape: torch.Size, mask: torch.Tensor | None
+) -> torch.Tensor:
     """Validate recorded 1-based exit steps; return 0-based indices (masked positions → T−1)."""
     if exit_steps.shape != token_shape:
         raise RlttError(f"exit_steps shape {tuple(exit_steps.shape)} != token shape {tuple(token_shape)}")

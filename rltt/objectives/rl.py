@@ -128,7 +128,7 @@ def group_advantages(
     if scale == "group":
         adv = centred / (std.unsqueeze(1) + eps)
     elif scale == "batch":
-        batch_std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+        batch_std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
         adv = centred / (batch_std + eps)
     else:
         adv = centred
