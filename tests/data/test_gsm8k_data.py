@@ -70,12 +70,27 @@ def test_missing_file_and_directory(tmp_path):
 
 
 def test_hub_id_offline_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def offline(name, config, split):
+        calls.append((name, config, split))
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(RlttError, match="could not load dataset 'openai/gsm8k'.*local JSONL/Parquet path"):
+    with pytest.raises(RlttError, match="could not load dataset 'openai/gsm8k'.*local JSONL/Parquet path") as info:
         load_gsm8k("openai/gsm8k", "test")
+    assert "\n" not in str(info.value)
+    assert calls == [("openai/gsm8k", "main", "test")]
+
+
+def test_hub_records(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"question": "q1", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2"}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config, split: datasets.Dataset.from_list(rows))
+    records = load_gsm8k("openai/gsm8k", "train", limit=1)
+    assert records == [{"question": "q1", "answer": "#### 1", "id": "train-0"}]
 
 
 @pytest.mark.parametrize(
