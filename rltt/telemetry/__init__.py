@@ -1,1 +1,38 @@
+"""Run telemetry: the metric vocabulary, the logger and ``rltt review``.
 
+- :mod:`rltt.telemetry.schema` — metric keys every step logs (name → meaning, unit).
+- :mod:`rltt.telemetry.logger` — :class:`MetricsLogger` (JSONL + TensorBoard/W&B), readers
+  and the helpers that compute grad norms, exit/entropy/mismatch stats, memory, timings.
+- :mod:`rltt.telemetry.review` — :func:`review`, :func:`format_summary`, :func:`maybe_review`
+  (diagnoses in :mod:`~rltt.telemetry.diagnoses`, figures in :mod:`~rltt.telemetry.plots`).
+
+The review modules (matplotlib) are imported lazily, so importing the logger stays cheap.
+"""
+
+from rltt.telemetry.logger import (
+    MetricsLogger,
+    Timer,
+    entropy_stats,
+    exit_stats,
+    grad_norms,
+    mismatch_stats,
+    peak_memory_gb,
+    read_metrics,
+    truncate_metrics,
+)
+
+__all__ = [
+    "MetricsLogger", "Timer", "entropy_stats", "exit_stats", "grad_norms", "mismatch_stats",
+    "peak_memory_gb", "read_metrics", "truncate_metrics", "maybe_review", "format_summary",
+    "Report",
+]
+
+
+def __getattr__(name: str):
+    # (the function ``review`` is reached as ``rltt.telemetry.review.review``: the
+    # submodule of the same name would shadow it here)
+    if name in ("maybe_review", "format_summary", "Report"):
+        from rltt.telemetry import review as _review
+
+        return getattr(_review, name)
+    raise AttributeError(f"module 'rltt.telemetry' has no attribute {name!r}")

@@ -1,0 +1,502 @@
+"""Health checks over a run's metrics: each fires a :class:`Diagnosis` with its evidence.
+
+Every check reads only the metric keys of :mod:`rltt.telemetry.schema`, stays silent when
+those keys are absent or too few points were logged (a run that just started), and states
+its evidence as *which metric, which steps, which statistic, which threshold*. The
+thresholds are the module constants below; they come from SPEC §4–6 and the seed runs.
+
+Most "state" checks look at the *late window*: the last :data:`LATE_WINDOW_FRACTION` of the
+logged points, so a problem that appeared late is caught and one that resolved itself is not
+reported.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from rltt.telemetry import schema
+from rltt.telemetry.series import RunData
+
+# --------------------------------------------------------------------------- thresholds
+
+#: Share of the logged points (the most recent ones) that state checks look at.
+LATE_WINDOW_FRACTION = 0.5
+#: A check needs at least this many points in its window, else it stays silent.
+MIN_POINTS = 5
+
+#: Policy not moving: the 90th percentile of kl/ref over the late window at or below this
+#: (the seed's lr = 1e-6 run sat at KL ≈ 2e-4 for its whole length) ...
+KL_STUCK_MAX = 3e-4
+#: ... once the run has logged kl/ref at least this many times.
+KL_STUCK_MIN_STEPS = 20
+#: An lr at or below this is reported as the likely cause (seed: 1e-6; 1e-5 moved).
+LR_LOW = 2e-6
+#: The lr the action suggests.
+LR_SUGGESTED = 1e-5
+#: Median grad_norm/total at or below this counts as a small gradient.
+GRAD_NORM_SMALL = 1e-2
+
+#: Uniform groups: median groups/uniform_frac over the late window above this → warning ...
+UNIFORM_GROUPS_WARN = 0.5
+#: ... above this → critical (almost no group carries an advantage).
+UNIFORM_GROUPS_CRITICAL = 0.9
+
+#: Exit-gate collapse: mean exit/p_1 over the late window above this (with T ≥ 2), or the
+#: same for exit/collapse when p_1 is not logged.
+EXIT_COLLAPSE_P1 = 0.9
+
+#: Gradient vanishing across layers: median over steps of
+#: grad_norm/layer/<first> / grad_norm/layer/<last> below this.
+GRAD_LAYER_RATIO_MIN = 0.1
+
+#: Spikes: keys checked for upward outliers.
+SPIKE_KEYS = (schema.LOSS_TOTAL, schema.LM_LOSS, schema.GRAD_NORM_TOTAL)
+#: Robust z-score above which a point is a spike: (x − median) / (1.4826·MAD) over the
+#: trailing window of the previous points.
+SPIKE_Z = 6.0
+#: Trailing window length (points) for the median / MAD.
+SPIKE_WINDOW = 20
+#: Points of history needed before a point can be called a spike.
+SPIKE_MIN_HISTORY = 8
+#: The robust scale is at least this fraction of |median|, so a near-constant series does
+#: not turn small wiggles into spikes.
+SPIKE_REL_FLOOR = 0.02
+
+#: Keys whose NaN/inf values are reported as critical.
+FINITE_KEYS = (schema.LOSS_TOTAL, schema.LOSS_POLICY, schema.LM_LOSS, schema.GRAD_NORM_TOTAL,
+               schema.KL_REF, schema.REWARD_MEAN)
+
+#: Sampler–learner mismatch: mismatch/max_abs above this ...
+MISMATCH_MAX_ABS_MAX = 1e-2
+#: ... or mismatch/k3 above this ...
+MISMATCH_K3_MAX = 1e-3
+#: ... at more than this fraction of the logged steps (at least one step) → warning;
+#: at more than half of them → critical.
+MISMATCH_MIN_FRACTION = 0.1
+
+#: Truncation: median length/trunc_frac over the late window above this.
+TRUNC_FRAC_MAX = 0.2
+
+#: Entropy collapse: median entropy of the last loop over the late window below this
+#: (nats/token) ...
+ENTROPY_COLLAPSE_MIN = 0.05
+#: ... after having been at least this many times higher in the first points.
+ENTROPY_COLLAPSE_DROP = 5.0
+
+
+# --------------------------------------------------------------------------- results
+
+
+class Severity(str, enum.Enum):
+    """How bad a diagnosis is; ``critical`` means the run is not training as intended."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return {"info": 0, "warning": 1, "critical": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One measurement behind a diagnosis: ``statistic(metric over steps) comparison threshold``."""
+
+    metric: str
+    steps: tuple[int, int]  # first and last step of the window examined
+    statistic: str  # e.g. "median", "90th percentile", "max robust z"
+    observed: float
+    comparison: str  # "<", "<=", ">", ">="
+    threshold: float
+    points: tuple[int, ...] = ()  # individual steps flagged (spikes, errors), if any
+
+    def describe(self) -> str:
+        text = (f"{self.metric}: {self.statistic} {_fmt(self.observed)} {self.comparison} "
+                f"{_fmt(self.threshold)} over steps {self.steps[0]}–{self.steps[1]}")
+        if self.points:
+            shown = ", ".join(str(p) for p in self.points[:10])
+            more = f" (+{len(self.points) - 10} more)" if len(self.points) > 10 else ""
+            text += f"; at steps {shown}{more}"
+        return text
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A finding about a run: what, how sure/bad, the evidence, and what to do."""
+
+    id: str
+    severity: Severity
+    title: str
+    evidence: tuple[Evidence, ...]
+    action: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        lines = [f"[{self.severity.value}] {self.title} ({self.id})"]
+        if self.detail:
+            lines.append(f"  {self.detail}")
+        lines += [f"  evidence: {e.describe()}" for e in self.evidence]
+        lines.append(f"  action: {self.action}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: ``fn(run)`` returns a Diagnosis or None.
+
+    ``requires``: the check can only run if the run logged at least one of these keys
+    (templates allowed); used to list the checks a report could not make.
+    """
+
+    id: str
+    title: str
+    requires: tuple[str, ...]
+    fn: Callable[[RunData], "Diagnosis | None"] = field(repr=False)
+
+    def applicable(self, run: RunData) -> bool:
+        keys = run.keys
+        for req in self.requires:
+            if "{" in req:
+                if schema.indexed(keys, req) or schema.named(keys, req):
+                    return True
+            elif req in keys:
+                return True
+        return False
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.2e}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def late_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The last :data:`LATE_WINDOW_FRACTION` of the points (at least MIN_POINTS when possible)."""
+    n = len(values)
+    k = max(MIN_POINTS, int(math.ceil(n * LATE_WINDOW_FRACTION)))
+    return steps[-k:], values[-k:]
+
+
+def _span(steps: np.ndarray) -> tuple[int, int]:
+    return int(steps[0]), int(steps[-1])
+
+
+def robust_spikes(values: np.ndarray, z: float = SPIKE_Z, window: int = SPIKE_WINDOW,
+                  min_history: int = SPIKE_MIN_HISTORY,
+                  rel_floor: float = SPIKE_REL_FLOOR) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of upward outliers and their robust z-scores (trailing median / MAD).
+
+    Point i is compared with the previous ``window`` points (needs ``min_history``):
+    ``z_i = (x_i − median) / max(1.4826·MAD, rel_floor·|median|, 1e-12)``. Non-finite points
+    are neither flagged (see the non-finite check) nor used as history.
+    """
+    idx, scores = [], []
+    for i in range(len(values)):
+        x = values[i]
+        if not math.isfinite(x):
+            continue
+        hist = values[max(0, i - window):i]
+        hist = hist[np.isfinite(hist)]
+        if len(hist) < min_history:
+            continue
+        med = float(np.median(hist))
+        mad = float(np.median(np.abs(hist - med)))
+        scale = max(1.4826 * mad, rel_floor * abs(med), 1e-12)
+        score = (x - med) / scale
+        if score > z:
+            idx.append(i)
+            scores.append(score)
+    return np.array(idx, dtype=np.int64), np.array(scores, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_policy_not_moving(run: RunData) -> Diagnosis | None:
+    """KL to the reference stays ≈ 2e-4 or below over many steps: the policy is not moving."""
+    steps, kl = run.series(schema.KL_REF)
+    if len(kl) < KL_STUCK_MIN_STEPS:
+        return None
+    ws, wk = late_window(steps, kl)
+    q90 = float(np.quantile(wk, 0.9))
+    if q90 > KL_STUCK_MAX:
+        return None
+    evidence = [Evidence(schema.KL_REF, _span(ws), "90th percentile", q90, "<=", KL_STUCK_MAX)]
+    causes = []
+    lr_steps, lr = run.series(schema.LR)
+    if len(lr):
+        lr_s, lr_w = late_window(lr_steps, lr)
+        lr_med = float(np.median(lr_w))
+        if lr_med <= LR_LOW:
+            evidence.append(Evidence(schema.LR, _span(lr_s), "median", lr_med, "<=", LR_LOW))
+            causes.append("lr")
+    g_steps, g = run.series(schema.GRAD_NORM_TOTAL)
+    if len(g):
+        g_s, g_w = late_window(g_steps, g)
+        g_med = float(np.median(g_w))
+        if g_med <= GRAD_NORM_SMALL:
+            evidence.append(Evidence(schema.GRAD_NORM_TOTAL, _span(g_s), "median", g_med, "<=",
+                                     GRAD_NORM_SMALL))
+            causes.append("grad")
+    if "lr" in causes:
+        action = (f"raise the learning rate (the seed's lr 1e-6 left KL at ≈ 2e-4; "
+                  f"lr {LR_SUGGESTED:g} moved the policy)")
+    elif "grad" in causes:
+        action = ("the gradient is tiny: advantages are near zero — check uniform groups "
+                  "(curate for mixed solve rate with `rltt curate`) and the reward functions")
+    else:
+        action = (f"raise the learning rate (e.g. {LR_SUGGESTED:g}) or lower the KL coefficient; "
+                  "check that the optimizer steps the policy's parameters")
+    return Diagnosis(
+        "policy_not_moving", Severity.WARNING, "Policy is not moving away from the reference",
+        tuple(evidence), action,
+        detail=f"KL to the reference stays at or below {KL_STUCK_MAX:g} nats/token "
+               f"after {len(kl)} logged steps.")
+
+
+def check_uniform_groups(run: RunData) -> Diagnosis | None:
+    """Many groups have all-equal rewards: zero group-relative advantage, no learning signal."""
+    steps, frac = run.series(schema.GROUPS_UNIFORM_FRAC)
+    if len(frac) < MIN_POINTS:
+        return None
+    ws, wf = late_window(steps, frac)
+    med = float(np.median(wf))
+    if med <= UNIFORM_GROUPS_WARN:
+        return None
+    severity = Severity.CRITICAL if med > UNIFORM_GROUPS_CRITICAL else Severity.WARNING
+    threshold = UNIFORM_GROUPS_CRITICAL if severity is Severity.CRITICAL else UNIFORM_GROUPS_WARN
+    evidence = [Evidence(schema.GROUPS_UNIFORM_FRAC, _span(ws), "median", med, ">", threshold)]
+    s_steps, solve = run.series(schema.SOLVE_RATE)
+    detail = f"{med:.0%} of the groups carry zero advantage."
+    if len(solve):
+        ss, sw = late_window(s_steps, solve)
+        solve_med = float(np.median(sw))
+        side = "too hard" if solve_med < 0.5 else "too easy"
+        detail += f" Median solve rate {solve_med:.2f}: the prompts look {side}."
+    return Diagnosis(
+        "uniform_groups", severity, "Most groups have uniform rewards (zero advantage)",
+        tuple(evidence),
+        "curate the prompts for a mixed solve rate (`rltt curate`, band 0.1 ≤ s ≤ 0.9; the "
+        "seed gained +12 GSM8K points at s ≈ 0.30 and nothing at s ≈ 0.77), or enable dynamic "
+        "sampling to drop uniform groups",
+        detail=detail)
+
+
+def check_exit_collapse(run: RunData) -> Diagnosis | None:
+    """The exit gate puts (almost) all its mass on loop 1: the model trains as a plain transformer."""
+    loops = run.indexed(schema.EXIT_P)
+    if len(loops) >= 2 and 1 in loops:
+        key = loops[1]
+        stat = "mean"
+    elif run.has(schema.EXIT_COLLAPSE) and not loops:
+        key = schema.EXIT_COLLAPSE
+        stat = "mean"
+    else:
+        return None
+    steps, values = run.series(key)
+    if len(values) < MIN_POINTS:
+        return None
+    ws, wv = late_window(steps, values)
+    mean = float(np.mean(wv))
+    if mean <= EXIT_COLLAPSE_P1:
+        return None
+    # onset: first step after which the value stays above the threshold
+    above = values > EXIT_COLLAPSE_P1
+    onset_idx = len(above) - int(np.argmin(above[::-1])) if not above.all() else 0
+    onset = int(steps[min(onset_idx, len(steps) - 1)])
+    evidence = [Evidence(key, _span(ws), stat, mean, ">", EXIT_COLLAPSE_P1)]
+    m_steps, mean_step = run.series(schema.EXIT_MEAN_STEP)
+    detail = f"Exit mass on loop 1 has stayed above {EXIT_COLLAPSE_P1:g} since step {onset}."
+    if len(mean_step):
+        detail += f" Mean exit step at the end: {mean_step[-1]:.2f} of {len(loops) or '?'} loops."
+    return Diagnosis(
+        "exit_gate_collapse", Severity.CRITICAL, "Exit gate collapsed onto loop 1",
+        tuple(evidence),
+        "use a linear LR warmup and a larger exit-entropy coefficient β ≥ 0.10 (SPEC §4 default "
+        "0.15); the LM loss does not show the collapse, the exit distribution does",
+        detail=detail)
+
+
+def check_grad_vanishing(run: RunData) -> Diagnosis | None:
+    """Per-layer grad norms of the first layer ≪ the last layer: gradient vanishes with depth."""
+    layers = run.indexed(schema.GRAD_NORM_LAYER)
+    if len(layers) < 2:
+        return None
+    first, last = min(layers), max(layers)
+    s1, g1 = run.series(layers[first])
+    s2, g2 = run.series(layers[last])
+    common, i1, i2 = np.intersect1d(s1, s2, return_indices=True)
+    if len(common) < MIN_POINTS:
+        return None
+    ratio = g1[i1] / np.maximum(g2[i2], 1e-30)
+    med = float(np.median(ratio))
+    if med >= GRAD_LAYER_RATIO_MIN:
+        return None
+    metric = f"{layers[first]} / {layers[last]}"
+    return Diagnosis(
+        "grad_vanishing_layers", Severity.WARNING, "Gradient vanishes across layers",
+        (Evidence(metric, _span(common), "median ratio", med, "<", GRAD_LAYER_RATIO_MIN),),
+        "check the norm placement: post-norm or sandwich norms attenuate the gradient "
+        "reaching the first layers — use pre-norm (`norm_placement: pre`)",
+        detail=f"Layer {first} receives {med:.1%} of the gradient norm of layer {last} "
+               f"(median over {len(common)} steps).")
+
+
+def check_spikes(run: RunData) -> Diagnosis | None:
+    """Upward outliers of the loss or the grad norm (robust z-score over a trailing window)."""
+    evidence = []
+    for key in SPIKE_KEYS:
+        steps, values = run.series(key)
+        if len(values) < SPIKE_MIN_HISTORY + 1:
+            continue
+        idx, scores = robust_spikes(values)
+        if len(idx):
+            evidence.append(Evidence(key, _span(steps), "max robust z", float(scores.max()), ">",
+                                     SPIKE_Z, points=tuple(int(s) for s in steps[idx])))
+    if not evidence:
+        return None
+    return Diagnosis(
+        "spikes", Severity.WARNING, "Loss or gradient-norm spikes", tuple(evidence),
+        "inspect the batches at the flagged steps; lower the learning rate or tighten gradient "
+        "clipping; in RL check policy/ratio_max and reward outliers at those steps",
+        detail="Points far above the median of the preceding steps.")
+
+
+def check_non_finite(run: RunData) -> Diagnosis | None:
+    """NaN or inf in a loss, the grad norm, the KL or the reward."""
+    evidence = []
+    for key in FINITE_KEYS:
+        steps, values = run.series(key, finite=False)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            evidence.append(Evidence(key, _span(steps), "non-finite values", float(bad.sum()),
+                                     ">", 0.0, points=tuple(int(s) for s in steps[bad])))
+    if not evidence:
+        return None
+    return Diagnosis(
+        "non_finite", Severity.CRITICAL, "NaN or inf in the training signal", tuple(evidence),
+        "resume from the last checkpoint before the first flagged step with a lower learning "
+        "rate or gradient clipping; in bf16 check the per-loop log-prob kernel and the loss "
+        "reductions")
+
+
+def check_mismatch(run: RunData) -> Diagnosis | None:
+    """The sampler's and the learner's log-probs of the same tokens disagree (SPEC §2.4)."""
+    evidence = []
+    worst_fraction = 0.0
+    for key, limit in ((schema.MISMATCH_MAX_ABS, MISMATCH_MAX_ABS_MAX),
+                       (schema.MISMATCH_K3, MISMATCH_K3_MAX)):
+        steps, values = run.series(key)
+        if not len(values):
+            continue
+        over = values > limit
+        needed = max(1, int(math.ceil(MISMATCH_MIN_FRACTION * len(values))))
+        if over.sum() >= needed:
+            worst_fraction = max(worst_fraction, float(over.mean()))
+            evidence.append(Evidence(key, _span(steps), "max", float(values.max()), ">", limit,
+                                     points=tuple(int(s) for s in steps[over])))
+    if not evidence:
+        return None
+    severity = Severity.CRITICAL if worst_fraction > 0.5 else Severity.WARNING
+    return Diagnosis(
+        "logprob_mismatch", severity, "Sampler–learner log-prob mismatch out of range",
+        tuple(evidence),
+        "the learner does not score what the sampler sampled: check schedule replay (recorded "
+        "exit steps t*), the log-prob definition (policy_logprob) and temperature on both sides, "
+        "dtype (bf16 vs fp32) and that weights were synced; use the hybrid log-prob or the "
+        "truncated importance-sampling correction",
+        detail=f"Out of range at {worst_fraction:.0%} of the logged steps.")
+
+
+def check_reward_errors(run: RunData) -> Diagnosis | None:
+    """A reward function raised for some completions (they were scored 0)."""
+    steps, errors = run.series(schema.REWARD_ERRORS)
+    if not len(errors) or errors.sum() <= 0:
+        return None
+    flagged = steps[errors > 0]
+    return Diagnosis(
+        "reward_errors", Severity.WARNING, "Reward functions raised errors",
+        (Evidence(schema.REWARD_ERRORS, _span(steps), "total", float(errors.sum()), ">", 0.0,
+                  points=tuple(int(s) for s in flagged)),),
+        "fix the reward function: those completions were scored 0, which biases the "
+        "advantages; the run log names the exception",
+        detail=f"Errors at {len(flagged)} of {len(steps)} steps.")
+
+
+def check_truncation(run: RunData) -> Diagnosis | None:
+    """Many completions hit max_new_tokens."""
+    steps, frac = run.series(schema.LENGTH_TRUNC_FRAC)
+    if len(frac) < MIN_POINTS:
+        return None
+    ws, wf = late_window(steps, frac)
+    med = float(np.median(wf))
+    if med <= TRUNC_FRAC_MAX:
+        return None
+    return Diagnosis(
+        "truncation", Severity.WARNING, "Many completions are truncated",
+        (Evidence(schema.LENGTH_TRUNC_FRAC, _span(ws), "median", med, ">", TRUNC_FRAC_MAX),),
+        "raise max_new_tokens, or add a format/length reward; truncated completions usually "
+        "score 0 and a rising truncation rate often precedes a collapse",
+        detail=f"{med:.0%} of the completions end at the length limit.")
+
+
+def check_entropy_collapse(run: RunData) -> Diagnosis | None:
+    """The policy's token entropy (last loop) collapsed towards zero."""
+    loops = run.indexed(schema.ENTROPY_LOOP)
+    if not loops:
+        return None
+    key = loops[max(loops)]
+    steps, ent = run.series(key)
+    if len(ent) < 2 * MIN_POINTS:
+        return None
+    ws, we = late_window(steps, ent)
+    late = float(np.median(we))
+    early = float(np.median(ent[:MIN_POINTS]))
+    if late >= ENTROPY_COLLAPSE_MIN or early < ENTROPY_COLLAPSE_DROP * max(late, 1e-12):
+        return None
+    return Diagnosis(
+        "entropy_collapse", Severity.WARNING, "Policy entropy collapsed", (
+            Evidence(key, _span(ws), "median", late, "<", ENTROPY_COLLAPSE_MIN),
+        ),
+        "exploration is gone: use clip-higher (a larger ε_high), lower the learning rate, "
+        "raise the sampling temperature, or add an entropy bonus",
+        detail=f"Entropy fell from {early:.3g} (first steps) to {late:.3g} nats/token.")
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("non_finite", "NaN/inf in the training signal", FINITE_KEYS, check_non_finite),
+    Check("policy_not_moving", "policy not moving", (schema.KL_REF,), check_policy_not_moving),
+    Check("uniform_groups", "uniform groups", (schema.GROUPS_UNIFORM_FRAC,), check_uniform_groups),
+    Check("exit_gate_collapse", "exit-gate collapse", (schema.EXIT_P, schema.EXIT_COLLAPSE),
+          check_exit_collapse),
+    Check("grad_vanishing_layers", "gradient vanishing across layers",
+          (schema.GRAD_NORM_LAYER,), check_grad_vanishing),
+    Check("spikes", "loss / grad-norm spikes", SPIKE_KEYS, check_spikes),
+    Check("logprob_mismatch", "sampler–learner log-prob mismatch",
+          (schema.MISMATCH_MAX_ABS, schema.MISMATCH_K3), check_mismatch),
+    Check("reward_errors", "reward errors", (schema.REWARD_ERRORS,), check_reward_errors),
+    Check("truncation", "truncation", (schema.LENGTH_TRUNC_FRAC,), check_truncation),
+    Check("entropy_collapse", "entropy collapse", (schema.ENTROPY_LOOP,), check_entropy_collapse),
+)
+
+
+def diagnose(run: RunData, checks: tuple[Check, ...] = CHECKS) -> list[Diagnosis]:
+    """Run the checks; the diagnoses that fired, most severe first (stable otherwise)."""
+    found = [d for check in checks if (d := check.fn(run)) is not None]
+    return sorted(found, key=lambda d: -d.severity.rank)
+
+
+def unchecked(run: RunData, checks: tuple[Check, ...] = CHECKS) -> list[Check]:
+    """The checks this run's metrics cannot feed (none of their keys was logged)."""
+    return [c for c in checks if not c.applicable(run)]

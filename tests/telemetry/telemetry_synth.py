@@ -1,0 +1,100 @@
+"""Synthetic metric logs for the telemetry tests: a healthy RL run and ways to break it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+T_LOOPS = 4
+N_LAYERS = 4
+
+
+def healthy_records(n: int = 60, seed: int = 0, T: int = T_LOOPS,
+                    layers: int = N_LAYERS) -> list[dict[str, Any]]:
+    """A plausible healthy GRPO run: reward rising, KL growing, gate spread over loops."""
+    rng = np.random.default_rng(seed)
+    records = []
+    exit_p = np.array([0.15, 0.25, 0.3, 0.3][:T]) if T <= 4 else np.full(T, 1 / T)
+    exit_p = exit_p / exit_p.sum()
+    for i in range(n):
+        step = i + 1
+        frac = i / max(n - 1, 1)
+        noise = lambda scale: float(rng.normal(0.0, scale))  # noqa: E731
+        reward = 0.25 + 0.35 * frac + noise(0.02)
+        p = exit_p + rng.normal(0, 0.01, T)
+        p = np.clip(p, 1e-3, None)
+        p = p / p.sum()
+        record: dict[str, Any] = {
+            "step": step,
+            "reward/mean": reward,
+            "reward/std": 0.4 + noise(0.01),
+            "reward/gsm8k_strict": reward - 0.05,
+            "reward/format": 0.9 + noise(0.01),
+            "reward/errors": 0,
+            "solve_rate": reward,
+            "groups/uniform_frac": 0.25 + noise(0.03),
+            "kl/ref": 1e-3 + 0.02 * frac + abs(noise(2e-4)),
+            "loss/policy": noise(0.02),
+            "loss/total": noise(0.02) + 0.001,
+            "policy/clip_frac": 0.03 + abs(noise(0.005)),
+            "policy/ratio_mean": 1.0 + noise(0.002),
+            "policy/ratio_max": 1.25 + abs(noise(0.02)),
+            "policy/ratio_min": 0.8 - abs(noise(0.02)),
+            "grad_norm/total": 0.6 + noise(0.03),
+            "grad_norm/group/embed": 0.1 + abs(noise(0.01)),
+            "grad_norm/group/block": 0.5 + abs(noise(0.02)),
+            "grad_norm/group/gate": 0.02 + abs(noise(0.002)),
+            "grad_norm/group/lm_head": 0.3 + abs(noise(0.01)),
+            "grad_norm/group/norm": 0.01 + abs(noise(0.001)),
+            "exit/mean_step": float((np.arange(1, T + 1) * p).sum()),
+            "exit/collapse": 0.02,
+            "exit/entropy": float(-(p * np.log(p)).sum()),
+            "mismatch/max_abs": 2e-3 + abs(noise(3e-4)),
+            "mismatch/mean_abs": 1e-4 + abs(noise(1e-5)),
+            "mismatch/k3": 1e-6 + abs(noise(1e-7)),
+            "length/mean": 150 + noise(5),
+            "length/max": 256,
+            "length/trunc_frac": 0.02 + abs(noise(0.005)),
+            "time/rollout": 12.0 + noise(0.5),
+            "time/learner": 6.0 + noise(0.2),
+            "time/weight_sync": 0.4 + abs(noise(0.02)),
+            "time/step": 18.5 + noise(0.5),
+            "throughput/tokens_per_s": 3500 + noise(50),
+            "memory/peak_gb": 21.5,
+            "lr": 1e-5,
+        }
+        for t in range(1, T + 1):
+            record[f"exit/p_{t}"] = float(p[t - 1])
+            record[f"entropy/loop_{t}"] = 1.2 - 0.1 * t - 0.2 * frac + noise(0.01)
+        for layer in range(layers):
+            record[f"grad_norm/layer/{layer}"] = 0.2 + 0.02 * layer + abs(noise(0.01))
+        records.append(record)
+    return records
+
+
+def mutate(records: list[dict[str, Any]], start: int,
+           **changes: float | Callable[[int, dict[str, Any]], float]) -> list[dict[str, Any]]:
+    """Set keys on the records from index ``start`` on (``/`` written as ``__`` in names).
+
+    A callable value is called with (index, record).
+    """
+    for i, record in enumerate(records):
+        if i < start:
+            continue
+        for name, value in changes.items():
+            key = name.replace("__", "/")
+            record[key] = value(i, record) if callable(value) else value
+    return records
+
+
+def write_run(run_dir: Path, records: list[dict[str, Any]], tail: str = "") -> Path:
+    """Write ``records`` to ``run_dir/metrics.jsonl`` (plus a raw ``tail``); returns run_dir."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        f.write(tail)
+    return run_dir
