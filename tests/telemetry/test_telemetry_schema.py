@@ -1,0 +1,63 @@
+import pytest
+
+from rltt.telemetry import schema
+
+#: The keys the training loops are expected to log (SPEC §6 and the LM stage).
+EXPECTED = [
+    "step", "reward/mean", "reward/std", "reward/gsm8k_strict", "reward/errors", "solve_rate",
+    "groups/uniform_frac", "kl/ref", "loss/policy", "loss/total", "policy/clip_frac",
+    "policy/ratio_mean", "policy/ratio_max", "policy/ratio_min", "grad_norm/total",
+    "grad_norm/group/embed", "grad_norm/group/block", "grad_norm/group/gate",
+    "grad_norm/group/lm_head", "grad_norm/group/norm", "grad_norm/layer/0",
+    "grad_norm/layer/11", "entropy/loop_1", "entropy/loop_4", "exit/p_1", "exit/p_4",
+    "exit/mean_step", "exit/collapse", "mismatch/max_abs", "mismatch/mean_abs", "mismatch/k3",
+    "length/mean", "length/max", "length/trunc_frac", "time/rollout", "time/learner",
+    "time/weight_sync", "time/step", "throughput/tokens_per_s", "memory/peak_gb", "lr",
+    "lm/loss", "lm/loss_step_1", "lm/loss_step_3",
+]
+
+
+@pytest.mark.parametrize("key", EXPECTED)
+def test_every_expected_key_is_documented(key):
+    spec = schema.lookup(key)
+    assert spec is not None, key
+    assert spec.meaning and spec.unit
+
+
+def test_templates_resolve_to_their_spec():
+    assert schema.lookup("exit/p_3").key == schema.EXIT_P
+    assert schema.lookup("grad_norm/layer/7").key == schema.GRAD_NORM_LAYER
+    assert schema.lookup("reward/format").key == schema.REWARD_FN
+    assert schema.lookup("reward/mean").key == schema.REWARD_MEAN  # literal beats template
+    assert schema.lookup("exit/p_x") is None
+    assert schema.lookup("grad_norm/layer/a") is None
+    assert schema.lookup("nonsense/key") is None
+
+
+def test_key_builders():
+    assert schema.exit_p_key(2) == "exit/p_2"
+    assert schema.entropy_key(1) == "entropy/loop_1"
+    assert schema.grad_layer_key(0) == "grad_norm/layer/0"
+    assert schema.grad_group_key("gate") == "grad_norm/group/gate"
+    assert schema.lm_loss_step_key(3) == "lm/loss_step_3"
+    assert schema.reward_key("gsm8k") == "reward/gsm8k"
+    with pytest.raises(ValueError):
+        schema.exit_p_key(0)  # loops are 1-based
+    with pytest.raises(ValueError):
+        schema.reward_key("mean")  # would overwrite reward/mean
+
+
+def test_indexed_and_named_sort_and_filter():
+    keys = ["exit/p_10", "exit/p_2", "exit/p_1", "exit/mean_step", "reward/mean",
+            "reward/format", "reward/errors", "reward/gsm8k"]
+    assert list(schema.indexed(keys, schema.EXIT_P)) == [1, 2, 10]
+    assert schema.named(keys, schema.REWARD_FN) == {"format": "reward/format",
+                                                    "gsm8k": "reward/gsm8k"}
+
+
+def test_markdown_table_and_unknown_keys():
+    table = schema.markdown_table()
+    assert "| `kl/ref` |" in table and "| `lm/loss_step_{t}` |" in table
+    lm_table = schema.markdown_table("lm")
+    assert "`lm/loss`" in lm_table and "`kl/ref`" not in lm_table
+    assert schema.unknown_keys({"kl/ref": 1, "kl/refs": 2}) == ["kl/refs"]
