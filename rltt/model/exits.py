@@ -10,26 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from rltt.errors import ConfigError
+from rltt.objectives.lm import exit_distribution  # noqa: F401  (re-exported: the survival formula)
 
 POLICY_KINDS = ("final", "fixed", "threshold", "sample")
-
-
-def exit_distribution(gate_probs: torch.Tensor) -> torch.Tensor:
-    """Survival exit distribution from per-step gate probabilities λ (T, ...).
-
-    p_t = λ_t ∏_{s<t} (1 − λ_s) for t < T and p_T = ∏_{s<T} (1 − λ_s); λ_T is unused,
-    so Σ_t p_t = 1 up to rounding.
-    """
-    num_loops = gate_probs.shape[0]
-    lam = gate_probs.float()
-    survive = torch.cumprod(1.0 - lam, dim=0)  # survive[t] = ∏_{s<=t} (1 − λ_s)
-    before = torch.cat([torch.ones_like(lam[:1]), survive[:-1]], dim=0)  # ∏_{s<t}
-    probs = lam * before
-    if num_loops > 1:
-        probs = torch.cat([probs[:-1], before[-1:]], dim=0)
-    else:
-        probs = torch.ones_like(lam)
-    return probs
 
 
 @dataclass(frozen=True)
