@@ -1,0 +1,205 @@
+import math
+
+import numpy as np
+import pytest
+from tests.telemetry.telemetry_synth import healthy_records, mutate
+
+from rltt.telemetry import diagnoses as dx
+from rltt.telemetry.series import RunData
+
+
+def ids(records):
+    return [d.id for d in dx.diagnose(RunData.from_records(records))]
+
+
+def only(records, diag_id):
+    found = dx.diagnose(RunData.from_records(records))
+    assert [d.id for d in found] == [diag_id]
+    return found[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_healthy_run_triggers_nothing_and_every_check_applies(seed):
+    run = RunData.from_records(healthy_records(seed=seed))
+    assert dx.diagnose(run) == []
+    assert dx.unchecked(run) == []
+
+
+def test_policy_not_moving_with_tiny_lr():
+    records = mutate(healthy_records(), 0, lr=1e-6,
+                     kl__ref=lambda i, r: 2e-4 + 1e-5 * math.sin(i))
+    d = only(records, "policy_not_moving")
+    assert d.severity is dx.Severity.WARNING
+    metrics = [e.metric for e in d.evidence]
+    assert metrics == ["kl/ref", "lr"]
+    kl = d.evidence[0]
+    assert kl.threshold == dx.KL_STUCK_MAX and kl.observed <= dx.KL_STUCK_MAX
+    assert kl.steps == (31, 60)  # the late window
+    assert "raise the learning rate" in d.action and "1e-05" in d.action
+
+
+def test_policy_not_moving_needs_many_steps_and_small_kl():
+    short = mutate(healthy_records(n=dx.KL_STUCK_MIN_STEPS - 1), 0, kl__ref=1e-4)
+    assert ids(short) == []
+    growing = mutate(healthy_records(), 0, kl__ref=lambda i, r: 1e-4 * (i + 1))
+    assert ids(growing) == []
+
+
+def test_policy_not_moving_small_gradient_points_at_advantages():
+    records = mutate(healthy_records(), 0, kl__ref=1e-4, grad_norm__total=1e-3)
+    d = only(records, "policy_not_moving")
+    assert [e.metric for e in d.evidence] == ["kl/ref", "grad_norm/total"]
+    assert "advantages" in d.action
+
+
+@pytest.mark.parametrize("frac, severity", [(0.7, "warning"), (0.95, "critical")])
+def test_uniform_groups(frac, severity):
+    records = mutate(healthy_records(), 20, groups__uniform_frac=frac, solve_rate=0.05)
+    d = only(records, "uniform_groups")
+    assert d.severity.value == severity
+    assert d.evidence[0].metric == "groups/uniform_frac"
+    assert "rltt curate" in d.action
+    assert "too hard" in d.detail
+
+
+def test_uniform_groups_early_only_is_not_reported():
+    records = mutate(healthy_records(), 0, groups__uniform_frac=lambda i, r: 0.9 if i < 20 else 0.2)
+    assert ids(records) == []
+
+
+def test_exit_gate_collapse():
+    def p(t):
+        return lambda i, r: {1: 0.97, 2: 0.01, 3: 0.01, 4: 0.01}[t]
+
+    records = mutate(healthy_records(), 25, exit__p_1=p(1), exit__p_2=p(2), exit__p_3=p(3),
+                     exit__p_4=p(4), exit__mean_step=1.06, exit__collapse=0.95)
+    d = only(records, "exit_gate_collapse")
+    assert d.severity is dx.Severity.CRITICAL
+    assert d.evidence[0].metric == "exit/p_1"
+    assert d.evidence[0].observed == pytest.approx(0.97)
+    assert "since step 26" in d.detail
+    assert "warmup" in d.action and "0.10" in d.action
+
+
+def test_exit_gate_collapse_from_indicator_only_and_not_for_a_single_loop():
+    records = healthy_records()
+    for r in records:
+        for t in range(1, 5):
+            del r[f"exit/p_{t}"]
+        r["exit/collapse"] = 0.99
+    assert ids(records) == ["exit_gate_collapse"]
+    single = healthy_records(T=1)
+    assert all(r["exit/p_1"] == 1.0 for r in single)
+    assert ids(single) == []
+
+
+def test_gradient_vanishing_across_layers():
+    records = mutate(healthy_records(), 0, grad_norm__layer__0=0.005, grad_norm__layer__1=0.02)
+    d = only(records, "grad_vanishing_layers")
+    ev = d.evidence[0]
+    assert ev.metric == "grad_norm/layer/0 / grad_norm/layer/3"
+    assert ev.observed < dx.GRAD_LAYER_RATIO_MIN
+    assert "pre-norm" in d.action
+
+
+def test_loss_and_grad_norm_spikes():
+    records = healthy_records()
+    records[40]["grad_norm/total"] = 25.0
+    records[50]["loss/total"] = 3.0
+    d = only(records, "spikes")
+    by_metric = {e.metric: e for e in d.evidence}
+    assert by_metric["grad_norm/total"].points == (41,)
+    assert by_metric["loss/total"].points == (51,)
+    assert by_metric["grad_norm/total"].observed > dx.SPIKE_Z
+
+
+def test_spikes_ignore_a_smooth_trend_and_noise():
+    rng = np.random.default_rng(5)
+    records = mutate(healthy_records(n=200), 0,
+                     grad_norm__total=lambda i, r: 0.5 + 0.01 * i + rng.normal(0, 0.05),
+                     loss__total=lambda i, r: rng.normal(0, 0.02))
+    assert ids(records) == []
+
+
+def test_robust_spikes_needs_history():
+    values = np.array([1.0, 100.0, 1.0, 1.0])
+    idx, _ = dx.robust_spikes(values)
+    assert len(idx) == 0
+
+
+def test_non_finite_loss_is_critical():
+    records = healthy_records()
+    records[30]["loss/total"] = float("nan")
+    records[31]["grad_norm/total"] = float("inf")
+    found = dx.diagnose(RunData.from_records(records))
+    assert found[0].id == "non_finite" and found[0].severity is dx.Severity.CRITICAL
+    points = {e.metric: e.points for e in found[0].evidence}
+    assert points == {"loss/total": (31,), "grad_norm/total": (32,)}
+
+
+@pytest.mark.parametrize("key, value", [("mismatch/max_abs", 0.05), ("mismatch/k3", 5e-3)])
+def test_logprob_mismatch(key, value):
+    records = mutate(healthy_records(), 40, **{key.replace("/", "__"): value})
+    d = only(records, "logprob_mismatch")
+    assert d.evidence[0].metric == key
+    assert d.evidence[0].points == tuple(range(41, 61))
+    assert d.severity is dx.Severity.WARNING  # a third of the steps
+    records = mutate(healthy_records(), 10, **{key.replace("/", "__"): value})
+    assert only(records, "logprob_mismatch").severity is dx.Severity.CRITICAL
+
+
+def test_single_mismatch_blip_in_a_long_run_is_tolerated():
+    records = healthy_records(n=60)
+    records[10]["mismatch/max_abs"] = 0.05  # 1 of 60 steps < 10 %
+    assert ids(records) == []
+
+
+def test_reward_errors():
+    records = healthy_records()
+    records[7]["reward/errors"] = 3
+    records[9]["reward/errors"] = 1
+    d = only(records, "reward_errors")
+    assert d.evidence[0].observed == 4 and d.evidence[0].points == (8, 10)
+
+
+def test_truncation():
+    records = mutate(healthy_records(), 10, length__trunc_frac=0.45)
+    d = only(records, "truncation")
+    assert d.evidence[0].observed == pytest.approx(0.45)
+    assert "max_new_tokens" in d.action
+
+
+def test_entropy_collapse():
+    records = mutate(healthy_records(), 20, entropy__loop_4=0.01)
+    d = only(records, "entropy_collapse")
+    assert d.evidence[0].metric == "entropy/loop_4"
+
+
+def test_partial_and_sparse_runs_are_quiet():
+    assert dx.diagnose(RunData.from_records(healthy_records(n=3))) == []
+    sparse = RunData.from_records([{"step": 1, "lm/loss": 5.0}, {"step": 2, "lm/loss": 4.9}])
+    assert dx.diagnose(sparse) == []
+    assert {c.id for c in dx.unchecked(sparse)} >= {"policy_not_moving", "uniform_groups"}
+    assert "spikes" not in {c.id for c in dx.unchecked(sparse)}
+
+
+def test_lm_stage_collapse_and_spikes():
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(80):
+        p1 = 0.3 if i < 30 else 0.95
+        rest = (1 - p1) / 3
+        records.append({"step": i + 1, "lm/loss": 6.0 - 0.02 * i + rng.normal(0, 0.02),
+                        "exit/p_1": p1, "exit/p_2": rest, "exit/p_3": rest, "exit/p_4": rest})
+    records[60]["lm/loss"] = 20.0
+    assert sorted(ids(records)) == ["exit_gate_collapse", "spikes"]
+
+
+def test_severity_order_and_describe():
+    records = healthy_records()
+    records[7]["reward/errors"] = 1
+    records[30]["loss/total"] = float("nan")
+    found = dx.diagnose(RunData.from_records(records))
+    assert [d.id for d in found] == ["non_finite", "reward_errors"]
+    text = found[1].describe()
+    assert "[warning]" in text and "reward/errors" in text and "action:" in text
