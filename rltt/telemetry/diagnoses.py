@@ -181,6 +181,12 @@ def _fmt(x: float) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
+def _sci(x: float) -> str:
+    """1e-05 → "1e-5"."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def late_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The last :data:`LATE_WINDOW_FRACTION` of the points (at least MIN_POINTS when possible)."""
     n = len(values)
@@ -251,13 +257,13 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
             causes.append("grad")
     if "lr" in causes:
         action = (f"raise the learning rate (the seed's lr 1e-6 left KL at ≈ 2e-4; "
-                  f"lr {LR_SUGGESTED:g} moved the policy)")
+                  f"lr {_sci(LR_SUGGESTED)} moved the policy)")
     elif "grad" in causes:
         action = ("the gradient is tiny: advantages are near zero — check uniform groups "
                   "(curate for mixed solve rate with `rltt curate`) and the reward functions")
     else:
-        action = (f"raise the learning rate (e.g. {LR_SUGGESTED:g}) or lower the KL coefficient; "
-                  "check that the optimizer steps the policy's parameters")
+        action = (f"raise the learning rate (e.g. {_sci(LR_SUGGESTED)}) or lower the KL "
+                  "coefficient; check that the optimizer steps the policy's parameters")
     return Diagnosis(
         "policy_not_moving", Severity.WARNING, "Policy is not moving away from the reference",
         tuple(evidence), action,
@@ -294,7 +300,8 @@ def check_uniform_groups(run: RunData) -> Diagnosis | None:
 
 
 def check_exit_collapse(run: RunData) -> Diagnosis | None:
-    """The exit gate puts (almost) all its mass on loop 1: the model trains as a plain transformer."""
+    """The exit gate puts (almost) all its mass on loop 1: the model trains as a plain
+    transformer."""
     loops = run.indexed(schema.EXIT_P)
     if len(loops) >= 2 and 1 in loops:
         key = loops[1]
@@ -323,8 +330,8 @@ def check_exit_collapse(run: RunData) -> Diagnosis | None:
     return Diagnosis(
         "exit_gate_collapse", Severity.CRITICAL, "Exit gate collapsed onto loop 1",
         tuple(evidence),
-        "use a linear LR warmup and a larger exit-entropy coefficient β ≥ 0.10 (SPEC §4 default "
-        "0.15); the LM loss does not show the collapse, the exit distribution does",
+        "use a linear LR warmup and a larger exit-entropy coefficient β ≥ 0.10 (SPEC §4 "
+        "default 0.15); the LM loss does not show the collapse, the exit distribution does",
         detail=detail)
 
 

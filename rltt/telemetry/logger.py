@@ -13,7 +13,6 @@ Only one process of a distributed run (rank 0) should own a :class:`MetricsLogge
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import os
 import re
@@ -22,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -125,7 +124,7 @@ def _is_after(record: Mapping[str, Any], max_step: int) -> bool:
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts into ``/``-joined keys: ``{"reward": {"mean": 1}}`` → ``reward/mean``."""
+    """Flatten nested dicts into ``/``-joined keys (``{"reward": {"mean": 1}}`` → ``reward/mean``)."""
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
         full = f"{prefix}/{key}" if prefix else str(key)

@@ -43,14 +43,16 @@ def _figure(rows: int = 1, cols: int = 1, height: float = 3.4) -> tuple[Figure, 
     return fig, axes
 
 
-def _label(key: str, run: RunData, runs: Sequence[RunData]) -> str:
-    return key if len(runs) == 1 else f"{key} [{run.name}]"
-
-
 def _lines(ax, runs: Sequence[RunData], keys: Sequence[str], logy: bool = False,
            colors: Sequence[str] | None = None) -> bool:
-    """Plot each key of each run; True when anything was drawn."""
-    drawn = False
+    """Plot each key of each run; True when anything was drawn.
+
+    Colour = key, line style = run; the legend (outside, right) names each key once and,
+    when comparing, each run's line style.
+    """
+    palette = colors or COLORS
+    labelled: set[str] = set()
+    drawn_runs: list[int] = []
     for r, run in enumerate(runs):
         for k, key in enumerate(keys):
             steps, values = run.series(key)
@@ -59,17 +61,24 @@ def _lines(ax, runs: Sequence[RunData], keys: Sequence[str], logy: bool = False,
                 steps, values = steps[keep], values[keep]
             if not len(values):
                 continue
-            color = (colors or COLORS)[k % len(colors or COLORS)]
-            ax.plot(steps, values, LINESTYLES[r % len(LINESTYLES)], color=color, lw=1.3,
-                    marker="." if len(values) < 30 else None, label=_label(key, run, runs))
-            drawn = True
-    if drawn:
-        if logy:
-            ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    return drawn
+            ax.plot(steps, values, LINESTYLES[r % len(LINESTYLES)], color=palette[k % len(palette)],
+                    lw=1.3, marker="." if len(values) < 30 else None,
+                    label=None if key in labelled else key)
+            labelled.add(key)
+            if r not in drawn_runs:
+                drawn_runs.append(r)
+    if not drawn_runs:
+        return False
+    if len(runs) > 1:
+        for r in drawn_runs:
+            ax.plot([], [], LINESTYLES[r % len(LINESTYLES)], color="black", lw=1.3,
+                    label=f"[{runs[r].name}]")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return True
 
 
 def _threshold(ax, value: float, text: str) -> None:

@@ -230,8 +230,9 @@ def to_markdown(report: Report) -> str:
         out += ["Not checked (metrics not logged): "
                 + ", ".join(f"`{c.id}`" for c in report.unchecked), ""]
     if other is not None:
-        out += [f"### Compared run `{other.name}`: {len(report.compare_diagnoses)} diagnosis(es)",
-                ""]
+        verdict = (f"{len(report.compare_diagnoses)} diagnosis(es)" if report.compare_diagnoses
+                   else "healthy, no diagnosis fired")
+        out += [f"### Compared run `{other.name}`: {verdict}", ""]
         out += [f"- [{d.severity.value}] {d.title} (`{d.id}`)" for d in report.compare_diagnoses]
         out.append("")
     rows = summary_rows(run, other)

@@ -35,7 +35,7 @@ def test_policy_not_moving_with_tiny_lr():
     kl = d.evidence[0]
     assert kl.threshold == dx.KL_STUCK_MAX and kl.observed <= dx.KL_STUCK_MAX
     assert kl.steps == (31, 60)  # the late window
-    assert "raise the learning rate" in d.action and "1e-05" in d.action
+    assert "raise the learning rate" in d.action and "1e-5" in d.action
 
 
 def test_policy_not_moving_needs_many_steps_and_small_kl():
