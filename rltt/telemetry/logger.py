@@ -124,7 +124,10 @@ def _is_after(record: Mapping[str, Any], max_step: int) -> bool:
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts into ``/``-joined keys (``{"reward": {"mean": 1}}`` → ``reward/mean``)."""
+    """Flatten nested dicts into ``/``-joined keys.
+
+    ``{"reward": {"mean": 1}}`` becomes ``{"reward/mean": 1}``.
+    """
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
         full = f"{prefix}/{key}" if prefix else str(key)
