@@ -1,0 +1,146 @@
+"""What a rollout returns: `RolloutBatch` (tokens, exits, log-probs, schedule) and `RolloutStats`.
+
+Layout: one *row* per completion (``n`` rows per prompt, prompt-major). Completion-indexed
+tensors are right-padded to ``C = max completion length`` and come with ``completion_lengths``
+and ``completion_mask``; step-indexed tensors have the step axis first (T, R, C), as in
+`rltt.model.LoopOutput`. Steps are 1-based.
+
+The schedule record (SPEC §2.2) lists, for every serial pass of the shared block, the work it
+did: for each row, the contiguous range of positions ``start..end`` it computed at one step
+(``end`` is the row's decode token; ``start < end`` means pending entries of earlier tokens —
+or the prompt — were computed in the same pass), and which rows' decode tokens exited (were
+sampled) after that pass. Positions count from the row's first prompt token; the token at
+position ``p ≥ P − 1`` (P = prompt length) produces completion token ``p − P + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rltt.rollout.params import SamplingParams
+
+
+@dataclass
+class PassRecord:
+    """One serial pass of the shared block over a depth-mixed batch of work items.
+
+    ``work`` (n, 4) int64 rows of ``[row, start, end, step]``: row ``row`` computed step ``step``
+    for positions ``start..end`` (sorted by (step, row)); ``exits`` (k,) the rows whose decode
+    token (position ``end``) was sampled from this pass's step, in head order.
+    """
+
+    work: torch.Tensor
+    exits: torch.Tensor
+
+    def entries(self) -> int:
+        """(token, step) entries this pass computed."""
+        return int((self.work[:, 2] - self.work[:, 1] + 1).sum())
+
+
+@dataclass
+class Schedule:
+    """The replayable record of a rollout: schedule kind and every pass in order."""
+
+    kind: str
+    passes: list[PassRecord] = field(default_factory=list)
+
+
+@dataclass
+class RolloutStats:
+    """Work done by one `generate` call.
+
+    - ``passes``: serial passes of the shared block over the whole batch (depth-mixed: a pass
+      advances every active row by one step).
+    - ``row_passes`` (R,): serial passes each row took part in (its own decode latency in passes).
+    - ``entries_computed``: (token, step) entries computed (prompt entries included).
+    - ``entries_pending``: entries of processed tokens left uncomputed at the end (deferred work
+      no later token needed).
+    - ``tokens``: completion tokens generated; ``wall_time`` seconds.
+    """
+
+    passes: int = 0
+    row_passes: torch.Tensor | None = None
+    entries_computed: int = 0
+    entries_pending: int = 0
+    tokens: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def passes_per_token(self) -> float:
+        """Serial block passes per generated token, averaged over rows' tokens."""
+        if self.row_passes is None or not self.tokens:
+            return 0.0
+        return float(self.row_passes.sum()) / self.tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+
+@dataclass
+class RolloutBatch:
+    """Completions of one `generate` call with everything needed to replay them exactly.
+
+    Per row r (R = len(prompts) · n rows), with C the longest completion:
+
+    - ``prompts``: the prompts as given; ``prompt_index`` (R,) which prompt row r completes;
+      ``prompt_lengths`` (R,).
+    - ``completion_ids`` (R, C) int64, right-padded with ``pad_id``; ``completion_lengths`` (R,);
+      ``completion_mask`` (R, C) bool.
+    - ``exit_steps`` (R, C) int64: t* of each completion token (0 on padding).
+    - ``logprobs`` (R, C) fp32: ``log P^(t*)(y)`` of the raw logits (before temperature);
+      ``tempered_logprobs`` (R, C) fp32: under ``softmax(logits / temperature)`` before
+      top-k/top-p filtering (equal to ``logprobs`` for greedy, temperature 0). 0 on padding.
+    - ``gate_probs`` (T, R, C) fp32: λ_t of the state that produced each completion token,
+      NaN where step t of that token was never computed (deferred) or on padding.
+    - ``finish_reasons``: ``"stop"`` (stop token or string) or ``"length"`` (max_new_tokens or
+      the model's max_position_embeddings) per row.
+    - ``schedule``: the pass record (see the module docstring); ``params``: the sampling
+      parameters, with ``seed`` filled in; ``dtype``: the model dtype the rollout ran in.
+    """
+
+    prompts: list[list[int]]
+    prompt_index: torch.Tensor
+    prompt_lengths: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_lengths: torch.Tensor
+    completion_mask: torch.Tensor
+    exit_steps: torch.Tensor
+    logprobs: torch.Tensor
+    tempered_logprobs: torch.Tensor
+    gate_probs: torch.Tensor
+    finish_reasons: list[str]
+    schedule: Schedule
+    params: SamplingParams
+    stats: RolloutStats
+    num_loops: int
+    dtype: torch.dtype
+    pad_id: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.prompt_index.shape[0])
+
+    def completion(self, row: int) -> list[int]:
+        return self.completion_ids[row, : int(self.completion_lengths[row])].tolist()
+
+    def sequence(self, row: int) -> list[int]:
+        """Prompt + completion token ids of ``row``."""
+        return list(self.prompts[int(self.prompt_index[row])]) + self.completion(row)
+
+    def sequences(self) -> list[list[int]]:
+        return [self.sequence(r) for r in range(self.num_rows)]
+
+    def padded_sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-padded prompt + completion ``(input_ids (R, S), attention_mask (R, S), start (R,))``
+        for a learner forward; ``start[r]`` is the position of row r's first completion token."""
+        seqs = self.sequences()
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[r, : len(seq)] = 1
+        return ids, mask, self.prompt_lengths.clone()

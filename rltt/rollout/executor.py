@@ -1,0 +1,84 @@
+"""`PassExecutor`: run one serial pass of the shared block over a list of work items.
+
+A pass is a pure function of its plan — ``(row, start, end, step)`` ranges sorted by
+(step, row) — and of the state earlier passes left (KV cache, per-token carries, tokens).
+The engine and `replay_logprobs` both drive this class, so re-executing a recorded schedule
+performs the same floating-point operations on the same operands: replay is bitwise.
+
+Per item (row r, position p, step s): ``z = inject(e_p, carry_p, s)``, run the L shared
+layers (writing K/V slot (s, l) at position p), ``h = norm_f(s)``, ``λ_s = gate(h)``,
+``carry_p ← carry(s, h)``. The carry of a token is the state of the deepest step computed for
+it, which is exactly what its next step needs (steps of a token are computed in order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.cache import GroupedAttend, StepKVCache, plan_groups
+
+
+class PassExecutor:
+    """State of a batch of ``num_rows`` sequences and the pass function over it.
+
+    - ``tokens`` (R, max_len) int64: prompt + sampled tokens per row (positions from 0).
+    - ``carry`` (R, max_len, d) model dtype: each token's carried state.
+    - ``gates`` (T, R, max_len) fp32: λ_t of every computed entry, NaN elsewhere.
+    """
+
+    def __init__(self, model: LoopedForCausalLM, num_rows: int, max_len: int):
+        cfg = model.config
+        param = model.lm_head.weight
+        self.model, self.inner = model, model.model
+        self.dtype, self.device = param.dtype, param.device
+        self.num_rows, self.max_len = num_rows, max_len
+        self.num_loops = cfg.num_loops
+        self.n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.scale = cfg.head_dim**-0.5
+        self.cache = StepKVCache(cfg.num_hidden_layers, cfg.num_loops, num_rows, cfg.num_key_value_heads,
+                                 max_len, cfg.head_dim, self.dtype, self.device)
+        self.tokens = torch.zeros(num_rows, max_len, dtype=torch.long, device=self.device)
+        self.carry = torch.zeros(num_rows, max_len, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        self.gates = torch.full((cfg.num_loops, num_rows, max_len), float("nan"), device=self.device)
+
+    @torch.no_grad()
+    def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
+        """Execute one pass. Returns ``(h (N, d), gates (N,) fp32, last (n,))`` where items are
+        ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
+        device = self.device
+        counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)], device=device)
+        n_items = int(counts.sum())
+        rows_t = torch.tensor(rows, device=device)
+        steps_t = torch.tensor(steps, device=device)
+        last = torch.cumsum(counts, 0) - 1
+        if n_items == len(rows):
+            item_rows, item_steps, item_pos = rows_t, steps_t, torch.tensor(ends, device=device)
+        else:
+            owner = torch.repeat_interleave(torch.arange(len(rows), device=device), counts)
+            item_rows, item_steps = rows_t[owner], steps_t[owner]
+            item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
+                + torch.tensor(starts, device=device)[owner]
+
+        embeds = self.inner.embed_tokens(self.tokens[item_rows, item_pos])  # (N, d)
+        first = item_steps == 1
+        carry = self.carry[item_rows, item_pos]
+        if bool(first.any()):
+            carry = torch.where(first[:, None], embeds, carry)
+        uniform = all(s == steps[0] for s in steps)
+        step = steps[0] if uniform else item_steps  # an int keeps LoRA on its batched path
+        z = self.inner.inject(embeds[:, None], carry[:, None], step)  # (N, 1, d): one item per row
+        cos, sin = self.inner.rotary_emb(item_pos[:, None], self.dtype)
+        groups = plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device)
+        attend = GroupedAttend(self.cache, groups, item_rows, item_pos, item_steps, self.scale)
+        s = self.inner.block(z, cos, sin, attend, step)
+        h = self.inner.final_norm(s)
+        gates = self.inner.gate(h)[:, 0]
+        self.carry[item_rows, item_pos] = self.inner.carry(s, h)[:, 0]
+        self.gates[item_steps - 1, item_rows, item_pos] = gates
+        return h[:, 0], gates, last
+
+    @torch.no_grad()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary fp32 logits of the exit states ``h`` (k, d) (the sampler needs them)."""
+        return self.model.lm_head(h).float()

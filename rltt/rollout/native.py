@@ -1,0 +1,203 @@
+"""The native PyTorch rollout engine: batched, depth-mixed, `dense` or `deferred` (SPEC §2).
+
+One call of `NativeEngine.generate` runs serial passes of the shared block until every row
+has finished. Each pass (see `Scheduler`) advances every active row's decode token by one
+step — rows at different steps share the pass (depth-mixed batching) — and computes, in the
+same pass, the pending entries of earlier tokens that step needs. After the pass, tokens
+whose exit policy says "exit here" are sampled from the full-vocabulary logits of that step.
+Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import torch
+
+from rltt.errors import RlttError
+from rltt.model.exits import ExitPolicy
+from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.engine import RolloutEngine
+from rltt.rollout.executor import PassExecutor
+from rltt.rollout.params import SamplingParams
+from rltt.rollout.sampler import ExitDecider, logprobs_of, sample_tokens
+from rltt.rollout.scheduler import Scheduler
+
+
+def check_prompts(prompts, vocab_size: int, max_positions: int) -> list[list[int]]:
+    """Validate prompts (non-empty lists of in-vocabulary ids within the position limit)."""
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise RlttError("prompts: expected a non-empty list of token-id lists")
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        if not ids:
+            raise RlttError(f"prompts[{i}] is empty: a prompt needs at least one token (e.g. BOS)")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+            raise RlttError(f"prompts[{i}] holds a token id outside [0, {vocab_size}) or a non-int")
+        if len(ids) > max_positions:
+            raise RlttError(f"prompts[{i}] has {len(ids)} tokens, more than the model's "
+                            f"max_position_embeddings={max_positions}")
+        out.append(ids)
+    return out
+
+
+class NativeEngine(RolloutEngine):
+    """Generation with a `LoopedForCausalLM` in the engine's process (CPU or GPU).
+
+    The engine uses ``model`` in place (dtype and device as they are); ``sync_weights`` with
+    the same object is free.
+    """
+
+    def __init__(self, model: LoopedForCausalLM):
+        if not isinstance(model, LoopedForCausalLM):
+            raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
+        self.model = model.eval()
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(dict(state_dict), strict=True)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        if model is not self.model:
+            self.load_weights(model.state_dict())
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        start_time = time.perf_counter()
+        cfg = self.model.config
+        T = cfg.num_loops
+        params.validate(T, cfg.vocab_size)
+        prompts = check_prompts(prompts, cfg.vocab_size, cfg.max_position_embeddings)
+        policy = ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy, T,
+                                  field="SamplingParams.exit_policy")
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        generator = torch.Generator().manual_seed(seed)
+
+        prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
+        lengths = [len(prompts[i]) for i in prompt_index]
+        num_rows = len(prompt_index)
+        executor = PassExecutor(self.model, num_rows, max(lengths) + params.max_new_tokens)
+        for r, i in enumerate(prompt_index):
+            executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
+        sched = Scheduler(params.schedule, T, lengths)
+        decider = ExitDecider(policy, T, num_rows, generator)
+        decider.start_tokens(list(range(num_rows)))
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos and cfg.eos_token_id is not None:
+            stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
+
+        out = _Completions(num_rows)
+        schedule = Schedule(params.schedule)
+        entries = 0
+        while sched.any_active():
+            rows, starts, ends, steps = sched.plan()
+            h, _, last = executor.run(rows, starts, ends, steps)
+            sched.computed(rows, ends, steps)
+            entries += sum(e - s + 1 for s, e in zip(starts, ends))
+
+            cand = [i for i, r in enumerate(rows) if not sched.sampled[r]]
+            chosen: list[int] = []
+            if cand:
+                cand_rows = torch.tensor([rows[i] for i in cand])
+                cand_steps = torch.tensor([steps[i] for i in cand])
+                gates = executor.gates[:, cand_rows, torch.tensor([ends[i] for i in cand])]
+                decide = decider.exits([rows[i] for i in cand], cand_steps, gates).tolist()
+                chosen = [i for i, yes in zip(cand, decide) if yes]
+            exit_rows = [rows[i] for i in chosen]
+            if chosen:
+                logits = executor.logits(h[last[torch.tensor(chosen)]])
+                tokens = sample_tokens(logits, params, generator)
+                raw, tempered = logprobs_of(logits, tokens, params.temperature)
+                for k, i in enumerate(chosen):
+                    r, token = rows[i], int(tokens[k])
+                    executor.tokens[r, ends[i] + 1] = token
+                    out.add(r, token, steps[i], float(raw[k]), float(tempered[k]))
+                    sched.exited(r)
+                    reason = self._finish_reason(out.tokens[r], token, stops, params, ends[i] + 1,
+                                                 cfg.max_position_embeddings)
+                    if reason:
+                        out.finish[r] = reason
+                        sched.finish(r)
+            schedule.passes.append(PassRecord(
+                work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
+                exits=torch.tensor(exit_rows, dtype=torch.long),
+            ))
+            decider.start_tokens(sched.settle())
+
+        stats = RolloutStats(
+            passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
+            entries_pending=sched.pending(), tokens=sum(len(t) for t in out.tokens),
+        )
+        params_used = _with_seed(params, seed)
+        batch = out.to_batch(prompts, prompt_index, lengths, executor, schedule, params_used, stats, T,
+                             pad_id=cfg.pad_token_id or 0)
+        stats.wall_time = time.perf_counter() - start_time
+        return batch
+
+    @staticmethod
+    def _finish_reason(completion: list[int], token: int, stops: set[int], params: SamplingParams,
+                       position: int, max_positions: int) -> str | None:
+        """"stop" / "length" when the row ends with ``token`` (now at ``position``), else None."""
+        if token in stops:
+            return "stop"
+        if params.stop_strings:
+            text = params.decoder(completion)
+            if any(s in text for s in params.stop_strings):
+                return "stop"
+        if len(completion) >= params.max_new_tokens or position >= max_positions:
+            return "length"  # the next token would need a position the model does not have
+        return None
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, seed=seed)
+
+
+class _Completions:
+    """Per-row completion lists collected while decoding."""
+
+    def __init__(self, num_rows: int):
+        self.tokens = [[] for _ in range(num_rows)]
+        self.exits = [[] for _ in range(num_rows)]
+        self.raw = [[] for _ in range(num_rows)]
+        self.tempered = [[] for _ in range(num_rows)]
+        self.finish = ["length"] * num_rows
+
+    def add(self, row: int, token: int, step: int, raw: float, tempered: float) -> None:
+        self.tokens[row].append(token)
+        self.exits[row].append(step)
+        self.raw[row].append(raw)
+        self.tempered[row].append(tempered)
+
+    def to_batch(self, prompts, prompt_index, lengths, executor: PassExecutor, schedule: Schedule,
+                 params: SamplingParams, stats: RolloutStats, num_loops: int, pad_id: int) -> RolloutBatch:
+        rows = len(self.tokens)
+        width = max(len(t) for t in self.tokens)
+        ids = torch.full((rows, width), pad_id, dtype=torch.long)
+        exits = torch.zeros((rows, width), dtype=torch.long)
+        raw = torch.zeros((rows, width), dtype=torch.float32)
+        tempered = torch.zeros((rows, width), dtype=torch.float32)
+        gates = torch.full((num_loops, rows, width), float("nan"))
+        for r in range(rows):
+            n = len(self.tokens[r])
+            ids[r, :n] = torch.tensor(self.tokens[r])
+            exits[r, :n] = torch.tensor(self.exits[r])
+            # float() of an fp32 value and back is exact, so these are the sampler's bits
+            raw[r, :n] = torch.tensor(self.raw[r], dtype=torch.float32)
+            tempered[r, :n] = torch.tensor(self.tempered[r], dtype=torch.float32)
+            first = lengths[r] - 1  # position whose state produced completion token 0
+            gates[:, r, :n] = executor.gates[:, r, first: first + n].cpu()
+        completion_lengths = torch.tensor([len(t) for t in self.tokens])
+        return RolloutBatch(
+            prompts=prompts, prompt_index=torch.tensor(prompt_index), prompt_lengths=torch.tensor(lengths),
+            completion_ids=ids, completion_lengths=completion_lengths,
+            completion_mask=torch.arange(width)[None, :] < completion_lengths[:, None],
+            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
+            finish_reasons=self.finish, schedule=schedule, params=params, stats=stats,
+            num_loops=num_loops, dtype=executor.dtype, pad_id=pad_id,
+        )

@@ -1,0 +1,87 @@
+"""`SamplingParams`: how a rollout samples, validated with one-line errors naming the field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from rltt.errors import RlttError
+from rltt.model.exits import ExitPolicy
+
+SCHEDULES = ("dense", "deferred")
+
+Decoder = Callable[[Sequence[int]], str]
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one `RolloutEngine.generate` call.
+
+    - ``temperature``: 0 means greedy (argmax); otherwise logits are divided by it.
+    - ``top_p`` in (0, 1], ``top_k`` (0 = off): nucleus / top-k filtering after temperature.
+    - ``max_new_tokens``: completion length cap (finish reason ``length``).
+    - ``stop_token_ids``: a sampled id in this list ends the completion (finish reason
+      ``stop``; the stop token is kept as the last completion token). The model config's
+      ``eos_token_id`` is added unless ``ignore_eos``.
+    - ``stop_strings`` (+ ``decoder``: token ids -> text, e.g. ``tokenizer.decode``): the
+      completion ends once its decoded text contains one of them (tokens are kept whole).
+    - ``seed``: seeds the rollout's torch.Generator; None draws one (recorded in the batch).
+    - ``n``: completions per prompt (a group); rows are prompt-major.
+    - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (SPEC §1.4);
+      None uses the model config's.
+    - ``schedule``: ``dense`` (every token runs all T steps) or ``deferred`` (SPEC §2.1).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
+    decoder: Decoder | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    n: int = 1
+    exit_policy: str | ExitPolicy | None = None
+    schedule: str = "deferred"
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self, num_loops: int | None = None, vocab_size: int | None = None) -> "SamplingParams":
+        """Raise a one-line `RlttError` naming the first bad field; return self."""
+
+        def bad(name: str, why: str):
+            raise RlttError(f"SamplingParams.{name}: {why}, got {getattr(self, name)!r}")
+
+        def is_int(x) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            bad("temperature", "must be a finite number >= 0 (0 = greedy)")
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not is_int(self.top_k) or self.top_k < 0:
+            bad("top_k", "must be an int >= 0 (0 = off)")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            bad("max_new_tokens", "must be an int >= 1")
+        if not is_int(self.n) or self.n < 1:
+            bad("n", "must be an int >= 1")
+        if self.seed is not None and not is_int(self.seed):
+            bad("seed", "must be an int or None")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"must be one of {' | '.join(SCHEDULES)}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not all(is_int(t) for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be a list of ints")
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            bad("stop_token_ids", f"ids must be in [0, {vocab_size})")
+        if isinstance(self.stop_strings, str) or not all(isinstance(s, str) and s for s in self.stop_strings):
+            bad("stop_strings", "must be a list of non-empty strings")
+        if self.stop_strings and not callable(self.decoder):
+            bad("decoder", "stop_strings need a decoder callable (token ids -> text), e.g. tokenizer.decode")
+        if num_loops is not None and self.exit_policy is not None:
+            ExitPolicy.parse(self.exit_policy, num_loops, field="SamplingParams.exit_policy")
+        return self

@@ -1,0 +1,73 @@
+"""Which (token, step) entries each serial pass computes: the `dense` and `deferred` schedules.
+
+Every active row has one *decode token* (position ``cursor``: the token whose state produces
+the row's next token) and advances it by one step per pass, so rows never wait for each other
+(depth-mixed batching, SPEC §2.1). For every step s the entries computed so far form a prefix
+of the row's positions, ``frontier[s]``: whenever step s is computed for a token, the pending
+step-s entries of all earlier tokens are computed in the same pass. So a pass asks, per row,
+for step ``s = depth + 1`` at the contiguous positions ``frontier[s] .. cursor``; their step
+s−1 states exist because the decode token's own step s−1 pass brought every earlier token to
+depth s−1. The prompt is no special case: its tokens start pending at depth 0 and are
+computed by the same rule (prefill), step by step.
+
+- ``dense``: the decode token runs all T steps; it is sampled at its exit step t* and keeps
+  going to T before the next token starts (nothing is ever pending after the prompt).
+- ``deferred``: the next token starts right after the exit at t*; steps t*+1..T of the token
+  stay pending until (unless) a later token needs them.
+"""
+
+from __future__ import annotations
+
+
+class Scheduler:
+    """Per-row decode state and the pass plans of one rollout."""
+
+    def __init__(self, kind: str, num_loops: int, prompt_lengths: list[int]):
+        self.kind, self.num_loops = kind, num_loops
+        rows = len(prompt_lengths)
+        self.cursor = [p - 1 for p in prompt_lengths]
+        self.depth = [0] * rows  # steps computed of the decode token
+        self.sampled = [False] * rows  # decode token already exited (dense: still running to T)
+        self.frontier = [[0] * num_loops for _ in range(rows)]
+        self.active = [True] * rows
+        self.row_passes = [0] * rows
+
+    def any_active(self) -> bool:
+        return any(self.active)
+
+    def plan(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The next pass: ``(rows, starts, ends, steps)`` sorted by (step, row)."""
+        work = sorted((self.depth[r] + 1, r) for r, on in enumerate(self.active) if on)
+        steps = [s for s, _ in work]
+        rows = [r for _, r in work]
+        starts = [self.frontier[r][s - 1] for s, r in work]
+        ends = [self.cursor[r] for r in rows]
+        return rows, starts, ends, steps
+
+    def computed(self, rows: list[int], ends: list[int], steps: list[int]) -> None:
+        """Record that a pass computed ``steps`` up to ``ends`` for ``rows``."""
+        for r, e, s in zip(rows, ends, steps):
+            self.frontier[r][s - 1] = e + 1
+            self.depth[r] = s
+            self.row_passes[r] += 1
+
+    def exited(self, row: int) -> None:
+        """The decode token of ``row`` was sampled at its current step."""
+        self.sampled[row] = True
+
+    def finish(self, row: int) -> None:
+        self.active[row] = False
+
+    def settle(self) -> list[int]:
+        """Move rows whose decode token is done to their next token; returns those rows."""
+        moved = []
+        for r, on in enumerate(self.active):
+            if on and self.sampled[r] and (self.kind == "deferred" or self.depth[r] == self.num_loops):
+                self.cursor[r] += 1
+                self.depth[r], self.sampled[r] = 0, False
+                moved.append(r)
+        return moved
+
+    def pending(self) -> int:
+        """(token, step) entries of processed tokens not computed (positions 0..cursor)."""
+        return sum(self.cursor[r] + 1 - f for r in range(len(self.cursor)) for f in self.frontier[r])
