@@ -56,6 +56,20 @@ class CacheAttend:
         return sdpa(q, k, v, self.mask, self.is_causal, self.scale)
 
 
+class LMHead(nn.Linear):
+    """The LM head. Called with ``targets`` it returns per-loop log-probs and entropies of the
+    targets through `rltt.kernels` (no (T, N, V) logits), inside the head's own forward so
+    that ZeRO-3 gathers its weight as for any module call."""
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, temperature: float = 1.0,
+                mask: torch.Tensor | None = None):
+        if targets is None:
+            return super().forward(hidden)
+        from rltt.kernels import per_loop_logprobs
+
+        return per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask)
+
+
 class LoopedPreTrainedModel(PreTrainedModel):
     config_class = LoopConfig
     config: LoopConfig
@@ -163,7 +177,7 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
     def __init__(self, config: LoopConfig):
         super().__init__(config)
         self.model = LoopedModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_input_embeddings(self):

@@ -1,0 +1,152 @@
+"""Optimisation backends behind one small interface: plain PyTorch AdamW, or DeepSpeed ZeRO 0–3.
+
+A backend owns the optimizer (and, for DeepSpeed, the engine). One optimizer step is
+``backward(loss)`` for each of ``accumulation`` micro-batches (losses already weighted to
+sum to the batch loss), then ``step()``, which clips, updates, advances the LR schedule and
+returns the gradient norm before clipping.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rltt.errors import RlttError
+from rltt.learner.config import LearnerConfig
+from rltt.telemetry import grad_norms
+
+
+class _Backend:
+    """Shared LR schedule (linear warmup, then constant) and checkpoint of the update count."""
+
+    optimizer: Any
+    cfg: LearnerConfig
+    updates: int = 0
+
+    def _apply_lr(self) -> None:
+        warmup = self.cfg.warmup_steps
+        factor = 1.0 if warmup <= 0 else min(1.0, (self.updates + 1) / warmup)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * factor
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+
+class TorchBackend(_Backend):
+    """AdamW + linear warmup + global-norm clipping on a plain module."""
+
+    name = "torch"
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
+        self.module = model
+        self.cfg = cfg
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> dict[str, float]:
+        norms = grad_norms(self.module)
+        if self.cfg.grad_clip and self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self._apply_lr()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        return norms
+
+    def save(self, path: Path) -> None:
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "optimizer.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+
+
+def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: int) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": cfg.grad_clip or 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8,
+                                                   "weight_decay": cfg.weight_decay, "torch_adam": True}},
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+def init_distributed_if_needed() -> None:
+    """Start torch.distributed for DeepSpeed: from torchrun/deepspeed env vars, else a 1-process group."""
+    import deepspeed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+class DeepSpeedBackend(_Backend):
+    """DeepSpeed engine (ZeRO stage ``cfg.zero_stage``; CPU → gloo and its CPU accelerator).
+
+    The LR warmup is the same as the torch backend's, so both give the same losses for the
+    same seed.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
+        try:
+            import deepspeed
+        except ImportError:
+            raise RlttError("learner.backend: deepspeed is not installed (pip install 'rltt[deepspeed]')") from None
+        init_distributed_if_needed()
+        self.cfg = cfg
+        self.accumulation = accumulation
+        ds_config = deepspeed_config(cfg, cfg.micro_batch_size, accumulation)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
+                                                                 config=ds_config)
+        self.module = self.engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()  # counts the micro-step; the update happens at the boundary
+
+    def step(self) -> dict[str, float]:
+        norms = grad_norms(self.module) if self.cfg.zero_stage == 0 else {}
+        self._apply_lr()
+        self.engine.step()
+        self.updates += 1
+        total = self.engine.get_global_grad_norm()
+        if total is not None and math.isfinite(float(total)):
+            norms.setdefault("grad_norm/total", float(total))
+        return norms
+
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag="latest", client_state={"updates": self.updates})
+
+    def load(self, path: Path) -> None:
+        _, client = self.engine.load_checkpoint(str(path / "deepspeed"), tag="latest")
+        self.updates = int((client or {}).get("updates", 0))
+
+
+def make_backend(model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
+    backend_cls = DeepSpeedBackend if cfg.backend == "deepspeed" else TorchBackend
+    return backend_cls(model, cfg, accumulation)

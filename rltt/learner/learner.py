@@ -1,0 +1,149 @@
+"""The RL learner: scores a `LearnerBatch`, builds the loss and updates the policy.
+
+One ``train_step``:
+1. at the rollout weights, without gradients: each token's policy log-prob (``old``), the
+   sampler–learner mismatch of the exit log-prob, the reference log-prob for the KL, and the
+   per-loop entropy / exit telemetry;
+2. μ = ``ppo_epochs`` optimizer steps, each accumulating the loss over micro-batches
+   (weighted so the sum is the batch-level aggregate, whatever the micro-batch size).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from rltt.learner.backends import make_backend
+from rltt.learner.batch import LearnerBatch
+from rltt.learner.config import AlgorithmConfig, LearnerConfig
+from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
+from rltt.learner.scoring import score_tokens, unwrap
+from rltt.objectives import policy_logprob
+from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
+from rltt.telemetry import schema as m
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(unwrap(model)).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+class Learner:
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
+                 max_len: int, ref_model: torch.nn.Module | None = None):
+        self.cfg, self.algo, self.max_len = cfg, algo, max_len
+        self.batch_size = batch_size
+        self.micro = min(cfg.micro_batch_size, batch_size)
+        self.accumulation = math.ceil(batch_size / self.micro)
+        needs_ref = algo.kl_coef > 0
+        self.ref_model = (ref_model or frozen_copy(model)) if needs_ref else None
+        self.learned_logits = None
+        if algo.omega == "learned":
+            model.loop_weight_logits = torch.nn.Parameter(torch.zeros(model.config.num_loops))
+            self.learned_logits = model.loop_weight_logits
+        if cfg.dtype == "bf16" and cfg.backend == "torch":
+            model = model.to(torch.bfloat16)
+        self.backend = make_backend(model, cfg, self.accumulation)
+        self.model = self.backend.module
+        if self.ref_model is not None:
+            self.ref_model.to(next(self.model.parameters()).dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- 1. at the rollout weights ------------------------------------------------------------
+    @torch.no_grad()
+    def prepare(self, batch: LearnerBatch) -> tuple[LearnerBatch, dict[str, float]]:
+        """Fill ``old_logprobs`` / ``ref_logprobs`` and measure the rollout-weight telemetry."""
+        olds, refs, exit_lps, entropies, exits = [], [], [], [], []
+        self.model.eval()
+        for mb in batch.micro_batches(self.micro):
+            scores = score_tokens(self.model, mb)
+            olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
+            exit_lps.append(scores.to_rows(policy_logprob("exit", scores.logprobs, exit_steps=scores.exit_steps)))
+            entropies.append(scores.entropy)
+            exits.append(scores.exit_probs)
+            if self.ref_model is not None:
+                ref_scores = score_tokens(self.ref_model, mb)
+                refs.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
+        self.model.train()
+        batch.old_logprobs = torch.cat(olds)
+        batch.ref_logprobs = torch.cat(refs) if refs else None
+        metrics = {}
+        metrics.update(entropy_stats(torch.cat(entropies, 1)))
+        metrics.update(exit_stats(torch.cat(exits, 1)))
+        if batch.sampler_logprobs is not None:
+            metrics.update(mismatch_stats(torch.cat(exit_lps), batch.sampler_logprobs, batch.target_mask))
+        return batch, metrics
+
+    def _normalizer(self, batch: LearnerBatch) -> float:
+        """Tokens (token_mean) or sequences in the global batch, across data-parallel ranks, over
+        the world size: DeepSpeed averages gradients across ranks, so a micro-batch's weight is
+        its share of the global batch times the world size."""
+        local = float(batch.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(batch.size)
+        world = 1
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            if world > 1:
+                total = torch.tensor([local], dtype=torch.float64)
+                torch.distributed.all_reduce(total)
+                local = float(total)
+        return max(local, 1.0) / world
+
+    def _weight(self, mb: LearnerBatch, normalizer: float) -> float:
+        part = float(mb.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(mb.size)
+        return part / normalizer
+
+    # -- 2. the updates -------------------------------------------------------------------
+    def train_step(self, batch: LearnerBatch) -> dict[str, float]:
+        if batch.size != self.batch_size:
+            raise ValueError(f"learner: batch of {batch.size} sequences, configured for {self.batch_size} per rank")
+        batch = batch.to(self.device)
+        batch, metrics = self.prepare(batch)
+        normalizer = self._normalizer(batch)
+        for _ in range(self.algo.ppo_epochs):
+            totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
+            stats: dict[str, float] = {}
+            for mb in batch.micro_batches(self.micro):
+                weight = self._weight(mb, normalizer)
+                out = rl_loss(score_tokens(self.model, mb), mb, self.algo, self.max_len, self.learned_logits)
+                self.backend.backward(out.loss * weight)
+                totals["loss"] += float(out.loss.detach()) * weight
+                totals["policy"] += float(out.policy_loss) * weight
+                totals["kl"] += float(out.kl) * weight
+                for key, value in out.stats.items():
+                    if key.endswith("_max"):
+                        stats[key] = max(stats.get(key, -math.inf), value)
+                    elif key.endswith("_min"):
+                        stats[key] = min(stats.get(key, math.inf), value)
+                    else:
+                        stats[key] = stats.get(key, 0.0) + value * weight
+            metrics.update(self.backend.step())
+        metrics.update({
+            m.LOSS_TOTAL: totals["loss"],
+            m.LOSS_POLICY: totals["policy"],
+            m.POLICY_CLIP_FRAC: stats["clip_fraction"],
+            m.POLICY_RATIO_MEAN: stats["ratio_mean"],
+            m.POLICY_RATIO_MAX: stats["ratio_max"],
+            m.POLICY_RATIO_MIN: stats["ratio_min"],
+            m.LR: self.backend.lr,
+        })
+        if batch.ref_logprobs is not None:
+            metrics[m.KL_REF] = totals["kl"]
+            metrics[m.LOSS_KL] = totals["kl"] * self.algo.kl_coef if self.algo.kl_in == "loss" else 0.0
+        return metrics
+
+    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
+        """The weights the rollout engines load (full tensors, even under ZeRO-3)."""
+        model = unwrap(self.model)
+        if self.cfg.backend == "deepspeed" and self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters())):
+                return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return model.state_dict()

@@ -1,0 +1,68 @@
+"""The RL loss of one micro-batch from its loop scores (SPEC §2.3–2.4, §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rltt.learner.batch import LearnerBatch
+from rltt.learner.config import AlgorithmConfig
+from rltt.learner.scoring import LoopScores
+from rltt.objectives import hybrid_logprob, kl_estimate, policy_logprob, policy_loss
+from rltt.objectives.rl import aggregate
+
+
+def chosen_logprob(scores: LoopScores, algo: AlgorithmConfig, learned_logits: torch.Tensor | None = None):
+    """The per-token policy log-prob (N,) under ``algo.policy_logprob``."""
+    return policy_logprob(
+        algo.policy_logprob, scores.logprobs, scores.exit_probs, scores.exit_steps,
+        omega=algo.omega, alpha=algo.omega_alpha, learned_logits=learned_logits,
+        detach_weights=algo.omega_detach,
+    )
+
+
+def kl_logprob(scores: LoopScores, algo: AlgorithmConfig, learned_logits=None) -> torch.Tensor:
+    """The log-prob the KL is measured on: the final loop (RLTT) or the policy log-prob."""
+    return scores.logprobs[-1] if algo.kl_on == "final" else chosen_logprob(scores, algo, learned_logits)
+
+
+def uses_hybrid(algo: AlgorithmConfig, batch: LearnerBatch) -> bool:
+    return algo.hybrid_logprob and algo.policy_logprob == "exit" and batch.sampler_logprobs is not None
+
+
+@dataclass
+class MicroLoss:
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    kl: torch.Tensor
+    stats: dict[str, float]
+
+
+def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_len: int,
+            learned_logits: torch.Tensor | None = None) -> MicroLoss:
+    """Policy loss (+ KL in the loss when configured) for ``batch``; aggregation is the
+    configured one within the micro-batch (the learner weights micro-batches)."""
+    mask = scores.target_mask
+    logp = scores.to_rows(chosen_logprob(scores, algo, learned_logits))
+    old = batch.old_logprobs
+    if uses_hybrid(algo, batch):
+        # value = the sampler's log-prob at θ_rollout, gradient = the dense gradient
+        logp = hybrid_logprob(logp, batch.sampler_logprobs, batch.old_logprobs)
+        old = batch.sampler_logprobs
+    pl = policy_loss(
+        logp, old, batch.advantages, mask,
+        kind=algo.loss, eps_low=algo.eps_low, eps_high=algo.eps_high, agg=algo.aggregation,
+        max_len=max_len, tis_cap=algo.tis_cap,
+        behaviour_logp=batch.sampler_logprobs if algo.tis_cap is not None else None,
+    )
+    loss = pl.loss
+    kl = torch.zeros((), device=loss.device)
+    if batch.ref_logprobs is not None:
+        current = scores.to_rows(kl_logprob(scores, algo, learned_logits))
+        per_token = kl_estimate(current, batch.ref_logprobs, algo.kl_estimator)
+        kl = aggregate(per_token, mask, algo.aggregation, max_len)
+        if algo.kl_in == "loss" and algo.kl_coef > 0:
+            loss = loss + algo.kl_coef * kl
+    stats = pl.as_dict()
+    return MicroLoss(loss=loss, policy_loss=pl.loss.detach(), kl=kl.detach(), stats=stats)

@@ -1,0 +1,54 @@
+"""Per-loop scoring of completion tokens: LP[t, j] = log P^(t)(y_j), entropies and exit probabilities.
+
+The learner's forward is the dense one (every position runs all T steps); deferred rollouts
+compute the same function (SPEC §2.1), and the recorded exit steps are replayed as data.
+Log-probs go through `rltt.kernels` inside the LM head, so no (T, N, V) logits exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rltt.learner.batch import LearnerBatch
+from rltt.model.exits import exit_distribution
+
+
+@dataclass
+class LoopScores:
+    """Flat over the N completion tokens of a batch (row-major order of ``target_mask``)."""
+
+    logprobs: torch.Tensor  # (T, N) LP
+    entropy: torch.Tensor  # (T, N) per-loop entropy
+    exit_probs: torch.Tensor  # (T, N) p_t of the state that produced each token
+    exit_steps: torch.Tensor  # (N,) recorded t*
+    target_mask: torch.Tensor  # (B, S) where the N tokens sit
+
+    def to_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Scatter per-token values (N,) into a zero-padded (B, S) tensor (differentiable)."""
+        out = values.new_zeros(self.target_mask.shape)
+        return out.masked_scatter(self.target_mask, values)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The `LoopedForCausalLM` inside a DeepSpeed engine or DDP wrapper."""
+    while hasattr(model, "module") and not hasattr(model, "lm_head"):
+        model = model.module
+    return model
+
+
+def score_tokens(model: torch.nn.Module, batch: LearnerBatch) -> LoopScores:
+    """Per-loop log-probs (at the batch temperature), entropies and exit probabilities of the
+    completion tokens of ``batch``."""
+    model = unwrap(model)
+    mask = batch.target_mask.bool()
+    if mask[:, 0].any():
+        raise ValueError("target_mask: position 0 cannot be a completion token (it has no context)")
+    hidden, gates = model.model(batch.input_ids, batch.attention_mask)  # (T, B, S, d), (T, B, S)
+    predicts = mask[:, 1:]  # the state at position i produced the token at i + 1
+    h = hidden[:, :, :-1][:, predicts]  # (T, N, d)
+    targets = batch.input_ids[:, 1:][predicts]
+    lp, entropy = model.lm_head(h, targets=targets, temperature=batch.temperature)
+    exit_probs = exit_distribution(gates[:, :, :-1][:, predicts])
+    return LoopScores(lp, entropy, exit_probs, batch.exit_steps[mask], mask)

@@ -1,0 +1,43 @@
+"""Worker for the DeepSpeed tests: run under torchrun (2 ranks) or directly (1 rank).
+
+Each rank trains on its shard of the same global batch with the DeepSpeed backend; rank 0
+also trains a torch-backend copy on the whole batch in-process, then compares losses and
+parameters and writes the verdict to the file named by argv[2].
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from rltt.learner import AlgorithmConfig, Learner, LearnerConfig  # noqa: E402
+from tests.learner.helpers import synthetic_batch, tiny_policy  # noqa: E402
+
+
+def run(stage: int, out: str) -> None:
+    algo = AlgorithmConfig(aggregation="token_mean", loss="ppo_clip")
+    batches = [synthetic_batch(B=4, seed=s) for s in range(3)]
+    ds_model = tiny_policy(seed=0)
+    cfg = dict(lr=1e-2, micro_batch_size=1, grad_clip=0.5, warmup_steps=2)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    learner = Learner(ds_model, LearnerConfig(backend="deepspeed", zero_stage=stage, **cfg), algo,
+                      batch_size=4 // world, max_len=8)
+    ds_losses = [learner.train_step(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world)))["loss/total"]
+                 for b in batches]
+    ds_state = {k: v.float() for k, v in learner.state_dict_for_rollout().items()}
+    if rank != 0:
+        return
+    torch_model = tiny_policy(seed=0)
+    ref = Learner(torch_model, LearnerConfig(backend="torch", **cfg), algo, batch_size=4, max_len=8)
+    torch_losses = [ref.train_step(b)["loss/total"] for b in batches]
+    diff = max((ds_state[k] - v.float()).abs().max().item() for k, v in torch_model.state_dict().items())
+    with open(out, "w") as f:
+        json.dump({"ds_losses": ds_losses, "torch_losses": torch_losses, "max_param_diff": diff, "world": world}, f)
+
+
+if __name__ == "__main__":
+    run(int(sys.argv[1]), sys.argv[2])
