@@ -1,0 +1,27 @@
+"""``rltt pretrain RECIPE.yaml [key=value ...] [--resume]``: pretrain a LoopLM from scratch."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``pretrain`` sub-command."""
+    from rltt.stages.cli_common import add_stage_arguments
+
+    parser = subparsers.add_parser(
+        "pretrain", help="pretrain a looped LM from scratch (e.g. recipes/pretrain-tiny.yaml)",
+        description="Train a tokenizer and a LoopLM from scratch with L = sum_t p_t L_t - beta H(p); "
+                    "metrics to OUTPUT_DIR/metrics.jsonl, checkpoints to OUTPUT_DIR/checkpoints, "
+                    "the final model to OUTPUT_DIR/final.")
+    add_stage_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rltt.stages.cli_common import report
+    from rltt.stages.pretrain import load_pretrain_recipe, pretrain
+
+    recipe = load_pretrain_recipe(args.recipe, args.overrides)
+    report(pretrain(recipe, resume=args.resume))
+    return 0

@@ -1,0 +1,95 @@
+"""The quickstart model: a tiny LoopLM pretrained by ``recipes/pretrain-tiny.yaml`` on first use.
+
+:func:`ensure_quickstart_model` returns the path of a model directory loadable with
+``rltt.model.load_looped`` (tokenizer included). The first call runs the recipe (about five
+minutes on 2 CPU cores) into the cache directory; later calls return the cached checkpoint
+at once. An interrupted build resumes from its last checkpoint. A file lock serialises
+concurrent callers (e.g. parallel test processes).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from rltt.errors import RlttError
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pretrain-tiny.yaml"
+CACHE_ENV = "RLTT_CACHE"
+READY_FILE = "quickstart.json"
+
+
+def default_cache_dir() -> Path:
+    """``$RLTT_CACHE`` or ``~/.cache/rltt``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rltt")
+
+
+def _key(recipe_text: str, overrides: list[str]) -> str:
+    return hashlib.sha256((recipe_text + "\0" + "\0".join(overrides)).encode()).hexdigest()[:16]
+
+
+def ensure_quickstart_model(cache_dir: str | Path | None = None, overrides: Iterable[str] = (),
+                            progress: bool = True) -> Path:
+    """Path of the quickstart model's directory, building it first if it is not cached.
+
+    ``cache_dir`` defaults to :func:`default_cache_dir`; the model lives in
+    ``<cache_dir>/quickstart-model`` (with ``overrides`` — recipe ``key=value`` changes, e.g.
+    for a faster test build — in ``quickstart-model-<hash>``). The cache is keyed by the
+    recipe's text and the overrides, so editing the recipe rebuilds it.
+    """
+    from rltt.stages.pretrain import load_pretrain_recipe, pretrain
+
+    overrides = list(overrides)
+    if not RECIPE.is_file():
+        raise RlttError(f"quickstart recipe not found: {RECIPE} (run from an rltt source checkout)")
+    text = RECIPE.read_text(encoding="utf-8")
+    key = _key(text, overrides)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    home = root / ("quickstart-model" if not overrides else f"quickstart-model-{key[:8]}")
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ready = _ready(home, key)
+        if ready is not None:
+            return ready
+        run_dir = home / "run"
+        recipe = load_pretrain_recipe(RECIPE, [*overrides, f"output_dir={run_dir}", f"train.progress={progress}"])
+        if not (run_dir / "metrics.jsonl").exists() or not (run_dir / "checkpoints").is_dir():
+            _clear(run_dir)  # nothing to resume: start clean
+        result = pretrain(recipe, resume=(run_dir / "metrics.jsonl").exists())
+        info = {"key": key, "model": str(result.final_dir), "step": result.step,
+                "train_seconds": round(result.wall_time_s, 1), "eval": result.eval, "alarms": result.alarms}
+        (home / READY_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        return Path(result.final_dir)
+
+
+def quickstart_info(cache_dir: str | Path | None = None) -> dict | None:
+    """The build record of the cached default quickstart model (solve rate, exits, time), if any."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / "quickstart-model" / READY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _ready(home: Path, key: str) -> Path | None:
+    path = home / READY_FILE
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+    except ValueError:
+        return None
+    model = Path(info.get("model", ""))
+    if info.get("key") != key or not (model / "config.json").is_file():
+        return None
+    return model
+
+
+def _clear(run_dir: Path) -> None:
+    import shutil
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)

@@ -1,0 +1,256 @@
+"""The training loop shared by ``rltt pretrain`` and ``rltt convert``.
+
+:func:`run_stage` takes a checked recipe and a builder that makes the fresh model and
+tokenizer, and runs AdamW (linear warmup → cosine), gradient clipping, fp32 or bf16 autocast,
+per-step telemetry (``metrics.jsonl``), the gate-collapse alarm, periodic evaluation and
+atomic checkpoints; with ``resume=True`` it continues from the newest checkpoint exactly as
+the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from rltt.config import to_dict
+from rltt.data.tokenizer import load_tokenizer
+from rltt.errors import RlttError
+from rltt.model import LoopedForCausalLM
+from rltt.stages import checkpoint as ckpt
+from rltt.stages.alarm import CollapseAlarm
+from rltt.stages.data import Sources, eval_problems, held_out_batches, open_sources, train_packer
+from rltt.stages.evaluate import held_out_metrics, solve_metrics, solve_rate
+from rltt.stages.losses import batch_loss
+from rltt.stages.recipe import StageRecipe
+from rltt.stages.schedule import warmup_cosine
+from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema
+
+FINAL_DIR = "final"
+SUMMARY_FILE = "summary.json"
+ALARMS_FILE = "alarms.jsonl"
+
+Builder = Callable[[StageRecipe, Sources], tuple[LoopedForCausalLM, object]]
+
+
+@dataclass
+class StageResult:
+    """What a finished (or stopped) stage run leaves behind."""
+
+    run_dir: Path
+    final_dir: Path | None
+    step: int
+    eval: dict = field(default_factory=dict)
+    alarms: list[dict] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RlttError(f"train.device={name!r} but CUDA is not available")
+    return torch.device(name)
+
+
+def make_optimizer(model, recipe: StageRecipe) -> torch.optim.AdamW:
+    """AdamW; matrices decay, vectors/scalars (norms, biases, gate bias, injection) do not."""
+    o = recipe.optim
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+
+def _unique_params(model):
+    seen, out = set(), []
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class StageRun:
+    """One run of an LM stage: state, one optimizer step, logging, evaluation, checkpoints."""
+
+    def __init__(self, recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage"):
+        self.recipe, self.stage = recipe, stage
+        self.run_dir = Path(recipe.output_dir)
+        t = recipe.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.device = pick_device(t.device)
+        if self.device.type == "cpu":
+            # tiny Adam second moments and gate gradients turn denormal and slow CPU math ~10x
+            torch.set_flush_denormal(True)
+        self.sources = open_sources(recipe.data)
+        resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
+        if not resume and (self.run_dir / "metrics.jsonl").exists():
+            raise RlttError(f"output_dir {self.run_dir} already holds a run; pass --resume or choose another output_dir")
+        torch.manual_seed(t.seed)
+        if resume_from is not None:
+            self.model = LoopedForCausalLM.from_pretrained(resume_from, dtype=torch.float32, local_files_only=True)
+            self.tokenizer = load_tokenizer(resume_from)
+        else:
+            self.model, self.tokenizer = build(recipe, self.sources)
+        self.model.to(self.device).train()
+        self.packer = train_packer(self.sources, self.tokenizer, recipe.data)
+        self.optimizer = make_optimizer(self.model, recipe)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(
+            warmup_cosine, total_steps=t.steps, warmup_steps=recipe.optim.warmup_steps,
+            min_ratio=recipe.optim.min_lr_ratio))
+        a = recipe.alarm
+        self.alarm = CollapseAlarm(a.p1_threshold, a.patience, a.min_step)
+        self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
+        if resume_from is not None:
+            self._load_state(ckpt.load_trainer_state(resume_from))
+        self.autocast = (partial(torch.autocast, self.device.type, dtype=torch.bfloat16)
+                         if t.dtype == "bf16" else nullcontext)
+        self.held_out = held_out_batches(self.sources, self.tokenizer, recipe.data, t.batch_size,
+                                         recipe.eval.loss_batches) if recipe.eval.loss_batches else []
+        e = recipe.eval
+        self.problems = eval_problems(recipe.data, e.solve_problems) if recipe.data.is_synthetic else []
+        self.logger = MetricsLogger(self.run_dir, resume_step=self.step if resume_from is not None else None)
+        if resume_from is not None:  # alarms after the checkpoint are about to be redone
+            (self.run_dir / ALARMS_FILE).write_text("".join(json.dumps(a) + "\n" for a in self.alarm.fired))
+        self.last_eval: dict = {}
+
+    # -- state -----------------------------------------------------------------------------
+    def _state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "packer": self.packer.state_dict(), "alarm": self.alarm.state_dict(),
+                "tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "stage": self.stage}
+
+    def _load_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.packer.load_state_dict(state["packer"])
+        self.alarm.load_state_dict(state["alarm"])
+        self.tokens_seen, self.elapsed, self.step = state["tokens_seen"], state["elapsed"], state["step"]
+        ckpt.set_rng_state(state["rng"])
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, self._state(),
+                                    to_dict(self.recipe))
+
+    # -- one step --------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """One optimizer step over ``grad_accum`` batches; returns its metrics."""
+        t, o = self.recipe.train, self.recipe.optim
+        start = time.perf_counter()
+        results, probs = [], []
+        for _ in range(t.grad_accum):
+            batch = self.packer.batch(t.batch_size)
+            if batch is None:
+                raise RlttError(f"data.source {self.recipe.data.source} ran out of documents")
+            with self.autocast():
+                loss, exit_probs = batch_loss(self.model, batch.to(self.device), self.recipe.objective.beta,
+                                              self.recipe.objective.eps)
+            (loss.loss / t.grad_accum).backward()
+            results.append(loss)
+            probs.append(exit_probs.detach().float().reshape(exit_probs.shape[0], -1))
+            self.tokens_seen += batch.numel()
+        norms = grad_norms(self.model)
+        if o.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(_unique_params(self.model), o.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+
+        n = len(results)
+        metrics = {
+            schema.LM_LOSS: sum(float(r.expected_loss) for r in results) / n,
+            schema.LOSS_TOTAL: sum(float(r.loss.detach()) for r in results) / n,
+        }
+        step_losses = sum(r.step_losses for r in results) / n
+        metrics.update({schema.lm_loss_step_key(i + 1): float(v) for i, v in enumerate(step_losses)})
+        metrics.update(exit_stats(torch.cat(probs, dim=1)))
+        metrics.update(norms)
+        metrics[schema.LR] = lr
+        metrics[schema.TIME_STEP] = seconds
+        metrics[schema.THROUGHPUT_TOKENS_PER_S] = t.batch_size * t.grad_accum * self.recipe.data.block_size / seconds
+        return metrics
+
+    def evaluate(self) -> dict:
+        e, d = self.recipe.eval, self.recipe.data
+        out = held_out_metrics(self.model, self.held_out, self.recipe.objective.beta, self.device, self.autocast)
+        if self.problems:
+            result = solve_rate(self.model, self.tokenizer, self.problems, template=d.template,
+                                max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                                exit_policy=e.exit_policy, batch_size=e.solve_batch_size,
+                                seed=e.seed, device=self.device)
+            out.update(solve_metrics(result))
+        self.last_eval = out
+        return out
+
+    def _alarm(self, metrics: dict) -> None:
+        alarm = self.alarm.update(self.step, metrics[schema.exit_p_key(1)])
+        if alarm is not None:
+            with open(self.run_dir / ALARMS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(self.alarm.fired[-1]) + "\n")
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, on_step: Callable[[int, dict], None] | None = None) -> StageResult:
+        t, e = self.recipe.train, self.recipe.eval
+        bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not t.progress, dynamic_ncols=True)
+        try:
+            while self.step < t.steps:
+                metrics = self.train_step()
+                record: dict = {}
+                if self.step % t.log_every == 0 or self.step == t.steps:
+                    record.update(metrics)
+                    record[schema.MEMORY_PEAK_GB] = peak_memory_gb(self.device)
+                    self._alarm(metrics)
+                if self.step % e.every == 0 or self.step == t.steps:
+                    record.update(self.evaluate())
+                if record:
+                    self.logger.log(self.step, record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics[schema.LM_LOSS]:.3f}", p1=f"{metrics[schema.exit_p_key(1)]:.2f}",
+                                Et=f"{metrics[schema.EXIT_MEAN_STEP]:.2f}")
+                if self.step % t.save_every == 0 or self.step == t.steps:
+                    self.save()
+                if on_step is not None:
+                    on_step(self.step, metrics)
+        finally:
+            bar.close()
+            self.logger.close()
+        return self.finish()
+
+    def finish(self) -> StageResult:
+        """Write ``RUN_DIR/final`` (model + tokenizer + recipe) and ``summary.json``."""
+        final = ckpt.atomic_dir(self.run_dir / FINAL_DIR, lambda tmp: ckpt.write_model_dir(
+            tmp, self.model, self.tokenizer, to_dict(self.recipe)))
+        if not self.last_eval:
+            self.last_eval = self._last_logged_eval()
+        summary = {"stage": self.stage, "step": self.step, "tokens": self.tokens_seen,
+                   "train_seconds": round(self.elapsed, 2), "eval": self.last_eval, "alarms": self.alarm.fired,
+                   "final_dir": str(final)}
+        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        return StageResult(self.run_dir, final, self.step, self.last_eval, list(self.alarm.fired), self.elapsed)
+
+    def _last_logged_eval(self) -> dict:
+        from rltt.telemetry import read_metrics
+
+        records = [r for r in read_metrics(self.run_dir) if any(k.startswith("eval/") for k in r)]
+        if not records:
+            return {}
+        return {k: v for k, v in records[-1].items() if k.startswith("eval/") or k == schema.SOLVE_RATE}
+
+
+def run_stage(recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage",
+              on_step: Callable[[int, dict], None] | None = None) -> StageResult:
+    """Run (or resume) an LM stage to ``recipe.train.steps``; see :class:`StageRun`."""
+    return StageRun(recipe, build, resume=resume, stage=stage).run(on_step)
