@@ -47,7 +47,7 @@ class TorchBackend(_Backend):
         self.module = model
         self.cfg = cfg
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rltt.errors import ConfigError
 from rltt.objectives import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, OMEGAS, POLICY_LOGPROB_KINDS, POLICY_LOSS_KINDS
@@ -22,6 +22,8 @@ class AlgorithmConfig:
     ``hybrid_logprob``: use logp_dense(θ) + sg(logp_rollout − logp_dense(θ_rollout)) for the
     ``exit`` log-prob (SPEC §2.4). ``kl_in``: loss | reward; ``kl_on``: final (loop T, RLTT) or
     policy (the chosen log-prob). ``tis_cap``: truncated importance-sampling cap (None = off).
+    ``track_kl``: keep the frozen reference (one extra no-grad forward) to log ``kl/ref``
+    even with ``kl_coef = 0`` — the first sign that the policy is (not) moving.
     ``dynamic_sampling``: drop groups whose rewards are all equal and refill the batch.
     """
 
@@ -41,6 +43,7 @@ class AlgorithmConfig:
     kl_on: str = "final"
     tis_cap: float | None = None
     hybrid_logprob: bool = True
+    track_kl: bool = True  # keep a frozen reference to log kl/ref even when kl_coef = 0
     dynamic_sampling: bool = False
     max_refills: int = 4
 
@@ -74,7 +77,7 @@ class LearnerConfig:
     lr: float = 1e-5
     warmup_steps: int = 0
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
     micro_batch_size: int = 8
     seed: int = 0
@@ -87,4 +90,5 @@ class LearnerConfig:
             raise ConfigError(f"learner.lr: must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"learner.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
-        self.betas = tuple(self.betas)
+        if len(self.betas) != 2:
+            raise ConfigError(f"learner.betas: need two numbers, got {self.betas}")

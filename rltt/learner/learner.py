@@ -20,7 +20,7 @@ from rltt.learner.batch import LearnerBatch
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
 from rltt.learner.scoring import score_tokens, unwrap
-from rltt.objectives import policy_logprob
+from rltt.objectives import kl_estimate, policy_logprob
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
 from rltt.telemetry import schema as m
 
@@ -39,7 +39,7 @@ class Learner:
         self.batch_size = batch_size
         self.micro = min(cfg.micro_batch_size, batch_size)
         self.accumulation = math.ceil(batch_size / self.micro)
-        needs_ref = algo.kl_coef > 0
+        needs_ref = algo.kl_coef > 0 or algo.track_kl
         self.ref_model = (ref_model or frozen_copy(model)) if needs_ref else None
         self.learned_logits = None
         if algo.omega == "learned":
@@ -80,6 +80,20 @@ class Learner:
         if batch.sampler_logprobs is not None:
             metrics.update(mismatch_stats(torch.cat(exit_lps), batch.sampler_logprobs, batch.target_mask))
         return batch, metrics
+
+    @torch.no_grad()
+    def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
+        """Per-sequence summed KL estimate to the reference (B,), for the KL-in-reward form."""
+        if self.ref_model is None:
+            raise ValueError("sequence_kl needs a reference model (algorithm.kl_coef > 0 or track_kl)")
+        batch = batch.to(self.device)
+        current, ref = [], []
+        for mb in batch.micro_batches(self.micro):
+            scores, ref_scores = score_tokens(self.model, mb), score_tokens(self.ref_model, mb)
+            current.append(scores.to_rows(kl_logprob(scores, self.algo, self.learned_logits)))
+            ref.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
+        per_token = kl_estimate(torch.cat(current), torch.cat(ref), self.algo.kl_estimator)
+        return (per_token * batch.target_mask).sum(-1)
 
     def _normalizer(self, batch: LearnerBatch) -> float:
         """Tokens (token_mean) or sequences in the global batch, across data-parallel ranks, over

@@ -1,0 +1,36 @@
+"""``rltt train RECIPE.yaml [key=value ...] [--resume]``: RLTT/GRPO post-training of a looped model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train", help="RL post-training (e.g. recipes/quickstart.yaml, recipes/gsm8k.yaml)",
+        description="prompts -> rollouts -> rewards -> advantages -> learner updates -> weight sync; metrics in "
+                    "RUN_DIR/metrics.jsonl, checkpoints in RUN_DIR/checkpoints, a health review at the end.")
+    parser.add_argument("recipe", metavar="RECIPE.yaml", help="train recipe (YAML)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. train.steps=50 learner.lr=1e-5 rollout.group_size=4")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rltt.orchestration.local import LocalTrainer
+    from rltt.orchestration.recipe import load_train_recipe
+
+    recipe = load_train_recipe(args.recipe, args.overrides)
+    trainer = LocalTrainer(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
+    result = trainer.run()
+    print(f"{result.steps} steps; run: {result.run_dir}")
+    if result.initial_solve_rate is not None and result.final_solve_rate is not None:
+        gain = 100 * (result.final_solve_rate - result.initial_solve_rate)
+        print(f"held-out solve rate: {result.initial_solve_rate:.3f} -> {result.final_solve_rate:.3f} "
+              f"({gain:+.1f} points)")
+    review = result.run_dir / "review" / "report.md"
+    if review.exists():
+        print(f"health review: {review}")
+    return 0

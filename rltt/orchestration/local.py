@@ -1,0 +1,240 @@
+"""The single-process RL loop (the embedded default), SPEC §7:
+
+    prompts → rollouts → rewards → advantages → (dynamic filter) → μ learner updates
+            → weight sync → metrics → checkpoint
+
+Every step's rollout seed is derived from the recipe seed and the step, so a resumed run
+samples exactly what the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from rltt.config import to_dict
+from rltt.data.rewards import RewardRunner
+from rltt.learner import Learner, frozen_copy
+from rltt.objectives import group_advantages, kl_penalised_rewards, select_informative_groups
+from rltt.orchestration.groups import ScoredGroups, score_rollout, solved, to_learner_batch
+from rltt.orchestration.policy import evaluate, load_policy, resolve_model_path, stop_ids
+from rltt.orchestration.prompts import PromptStream, eval_tasks
+from rltt.orchestration.recipe import TrainRecipe
+from rltt.rollout import NativeEngine, SamplingParams
+from rltt.stages.checkpoint import atomic_dir, rng_state, set_rng_state, write_model_dir
+from rltt.telemetry import MetricsLogger, Timer, peak_memory_gb
+from rltt.telemetry import schema as m
+
+STATE_FILE = "rl_state.pt"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    initial_solve_rate: float | None
+    final_solve_rate: float | None
+
+
+class LocalTrainer:
+    def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
+        self.recipe = recipe
+        self.run_dir = Path(recipe.logging.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(recipe.seed)
+        r = recipe
+        self.model_path = resolve_model_path(r.model.path)
+        self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
+        self.reference = frozen_copy(self.model) if (r.algorithm.kl_coef > 0 or r.algorithm.track_kl) else None
+        self.runner = RewardRunner.from_specs([(s.fn, s.weight) for s in r.rewards], root=recipe_root)
+        encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+        self.prompts = PromptStream(r.data.source, encode, r.data.prompt_template, r.data.split, r.data.limit,
+                                    r.data.seed)
+        self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, r.data.prompt_template,
+                                     r.data.eval_split, r.data.eval_size, r.data.seed)
+        self.learner = Learner(self.model, r.learner, r.algorithm, batch_size=r.batch_size,
+                               max_len=r.rollout.max_new_tokens, ref_model=self.reference)
+        # the torch backend trains the model in place, so the engine can share it (sync is free);
+        # other backends hand weights over to a separate rollout copy.
+        shared = r.learner.backend == "torch" and r.learner.dtype == r.model.dtype
+        self.engine_model = self.model if shared else copy.deepcopy(self.learner.model).eval()
+        self.engine = NativeEngine(self.engine_model)
+        self.step = 0
+        self.first_eval: float | None = None
+        if resume:
+            self._resume()
+        (self.run_dir / "recipe.yaml").write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+        self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
+                                    resume_step=self.step if resume else None, config=to_dict(recipe))
+
+    # -- one RL step --------------------------------------------------------------------------
+    def sampling(self, step: int, attempt: int = 0) -> SamplingParams:
+        ro = self.recipe.rollout
+        return SamplingParams(
+            temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=ro.max_new_tokens,
+            stop_token_ids=stop_ids(self.tokenizer), stop_strings=list(ro.stop_strings),
+            decoder=self.tokenizer.decode if ro.stop_strings else None,
+            seed=self.recipe.seed * 1_000_003 + step * 101 + attempt, n=ro.group_size,
+            exit_policy=ro.exit_policy, schedule=ro.schedule)
+
+    def rollout(self, step: int, metrics: dict) -> ScoredGroups:
+        """Sample prompts_per_step groups; with dynamic sampling, refill dropped uniform groups."""
+        r = self.recipe
+        want = r.rollout.prompts_per_step
+        tasks = self.prompts.next(want)
+        batch = self.engine.generate([t.prompt_ids for t in tasks], self.sampling(step))
+        groups = score_rollout(batch, tasks, self.tokenizer.decode, self.runner)
+        self._rollout_metrics(groups, [batch], metrics)
+        if not r.algorithm.dynamic_sampling:
+            return groups
+        keep = ScoredGroups(group_size=groups.group_size)
+        rollouts = [batch]
+        for attempt in range(1, r.algorithm.max_refills + 2):
+            informative = select_informative_groups(torch.tensor(groups.rewards), groups.group_size).tolist()
+            keep.extend(groups.select_groups(informative))
+            if keep.num_groups >= want or attempt > r.algorithm.max_refills:
+                break
+            tasks = self.prompts.next(want - keep.num_groups)
+            batch = self.engine.generate([t.prompt_ids for t in tasks], self.sampling(step, attempt))
+            rollouts.append(batch)
+            groups = score_rollout(batch, tasks, self.tokenizer.decode, self.runner)
+        if keep.num_groups < want:  # still short: top up with uniform groups (zero advantage)
+            informative = set(select_informative_groups(torch.tensor(groups.rewards), groups.group_size).tolist())
+            filler = [g for g in range(groups.num_groups) if g not in informative][: want - keep.num_groups]
+            keep.extend(groups.select_groups(filler))
+        metrics["rollout/refills"] = len(rollouts) - 1
+        return keep.select_groups(list(range(want)))
+
+    def _rollout_metrics(self, groups: ScoredGroups, rollouts, metrics: dict) -> None:
+        rewards = torch.tensor(groups.rewards)
+        adv = group_advantages(rewards, groups.group_size)
+        lengths = torch.tensor([len(c.completion_ids) for c in groups.completions], dtype=torch.float)
+        stats = rollouts[0].stats
+        metrics.update({
+            m.REWARD_MEAN: float(rewards.mean()),
+            m.REWARD_STD: float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            m.REWARD_ERRORS: len(groups.errors),
+            m.SOLVE_RATE: sum(solved(groups, self.runner.names[0])) / len(groups.completions),
+            m.GROUPS_UNIFORM_FRAC: adv.uniform_fraction,
+            m.LENGTH_MEAN: float(lengths.mean()),
+            m.LENGTH_MAX: float(lengths.max()),
+            m.LENGTH_TRUNC_FRAC: sum(c.finish_reason == "length" for c in groups.completions) / len(lengths),
+            "rollout/exit_step_mean": sum(sum(c.exit_steps) for c in groups.completions) / max(float(lengths.sum()), 1),
+            "rollout/passes_per_token": stats.passes_per_token,
+        })
+        for name, values in groups.per_fn.items():
+            metrics[m.reward_key(name)] = sum(values) / len(values)
+
+    def train_step(self, step: int) -> dict:
+        r = self.recipe
+        metrics: dict = {}
+        t0 = time.perf_counter()
+        with Timer(metrics, m.TIME_ROLLOUT):
+            groups = self.rollout(step, metrics)
+        tokens = sum(len(c.completion_ids) for c in groups.completions)
+        metrics[m.THROUGHPUT_TOKENS_PER_S] = tokens / max(metrics[m.TIME_ROLLOUT], 1e-9)
+        rewards = torch.tensor(groups.rewards)
+        with Timer(metrics, m.TIME_LEARNER):
+            batch = to_learner_batch(groups, torch.zeros_like(rewards), r.rollout.temperature,
+                                     pad_id=self.tokenizer.pad_token_id or 0)
+            if r.algorithm.kl_in == "reward" and r.algorithm.kl_coef > 0:
+                seq_kl = self.learner.sequence_kl(batch).cpu()
+                rewards = rewards - r.algorithm.kl_coef * seq_kl
+            batch.advantages = group_advantages(rewards, groups.group_size, r.algorithm.advantage_scale).advantages
+            metrics.update(self.learner.train_step(batch))
+        with Timer(metrics, m.TIME_WEIGHT_SYNC):
+            if self.engine_model is not self.learner.model:
+                self.engine.load_weights(self.learner.state_dict_for_rollout())
+        metrics[m.TIME_STEP] = time.perf_counter() - t0
+        metrics[m.MEMORY_PEAK_GB] = peak_memory_gb()
+        return metrics
+
+    # -- evaluation, checkpoints ------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        r = self.recipe
+        result = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
+                          r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
+                          exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule)
+        return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
+                "eval/exit_step_mean": result.mean_exit_step}
+
+    def save(self) -> Path:
+        state = {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
+                 "first_eval": self.first_eval}
+
+        def write(tmp: Path) -> None:
+            write_model_dir(tmp, self.learner_model(), self.tokenizer, to_dict(self.recipe))
+            self.learner.backend.save(tmp)
+            torch.save(state, tmp / STATE_FILE)
+
+        return atomic_dir(self.run_dir / "checkpoints" / f"step-{self.step:07d}", write)
+
+    def learner_model(self):
+        from rltt.learner import unwrap
+
+        return unwrap(self.learner.model)
+
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint_rl(self.run_dir)
+        if ckpt is None:
+            return
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        from safetensors.torch import load_file
+
+        weights = {}
+        for f in sorted(ckpt.glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        model = self.learner_model()
+        model.load_state_dict(weights, strict=False)
+        self.learner.backend.load(ckpt)
+        self.prompts.load_state_dict(state["prompts"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.first_eval = state.get("first_eval")
+        if self.engine_model is not self.learner.model:
+            self.engine.load_weights(self.learner.state_dict_for_rollout())
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        from tqdm import tqdm
+
+        r = self.recipe
+        final_eval = None
+        if self.step == 0 and r.train.eval_every > 0:
+            ev = self.evaluate()
+            self.first_eval = ev["eval/solve_rate"]
+            self.logger.log(0, ev)
+        bar = tqdm(range(self.step, r.train.steps), initial=self.step, total=r.train.steps, desc="rltt train",
+                   disable=not r.logging.progress, dynamic_ncols=True)
+        for _ in bar:
+            self.step += 1
+            metrics = self.train_step(self.step)
+            last = self.step == r.train.steps
+            if r.train.eval_every > 0 and (self.step % r.train.eval_every == 0 or last):
+                metrics.update(self.evaluate())
+                final_eval = metrics["eval/solve_rate"]
+            self.logger.log(self.step, metrics)
+            bar.set_postfix(reward=f"{metrics[m.REWARD_MEAN]:.2f}", kl=f"{metrics.get(m.KL_REF, 0):.1e}")
+            if (r.checkpoint.every and self.step % r.checkpoint.every == 0) or (last and r.checkpoint.save_final):
+                self.save()
+            if r.logging.review_every:
+                from rltt.telemetry import maybe_review
+
+                maybe_review(self.run_dir, self.step, r.logging.review_every)
+        self.logger.close()
+        if r.logging.review_at_end:
+            from rltt.telemetry import maybe_review
+
+            maybe_review(self.run_dir, self.step, 0, final=True)
+        return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
+
+
+def latest_checkpoint_rl(run_dir: Path) -> Path | None:
+    root = Path(run_dir) / "checkpoints"
+    found = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
+    return found[-1] if found else None
