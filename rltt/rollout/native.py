@@ -22,7 +22,7 @@ from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams
-from rltt.rollout.sampler import ExitDecider, logprobs_of, sample_tokens
+from rltt.rollout.sampler import ExitDecider, logprobs_of, row_generators, sample_tokens
 from rltt.rollout.scheduler import Scheduler
 
 
@@ -74,7 +74,6 @@ class NativeEngine(RolloutEngine):
         policy = ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy, T,
                                   field="SamplingParams.exit_policy")
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        generator = torch.Generator().manual_seed(seed)
 
         prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
         lengths = [len(prompts[i]) for i in prompt_index]
@@ -83,7 +82,8 @@ class NativeEngine(RolloutEngine):
         for r, i in enumerate(prompt_index):
             executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
         sched = Scheduler(params.schedule, T, lengths)
-        decider = ExitDecider(policy, T, num_rows, generator)
+        generators = row_generators(seed, num_rows)
+        decider = ExitDecider(policy, T, generators)
         decider.start_tokens(list(range(num_rows)))
         stops = set(params.stop_token_ids)
         if not params.ignore_eos and cfg.eos_token_id is not None:
@@ -109,7 +109,7 @@ class NativeEngine(RolloutEngine):
             exit_rows = [rows[i] for i in chosen]
             if chosen:
                 logits = executor.logits(h[last[torch.tensor(chosen)]])
-                tokens = sample_tokens(logits, params, generator)
+                tokens = sample_tokens(logits, params, [generators[rows[i]] for i in chosen])
                 raw, tempered = logprobs_of(logits, tokens, params.temperature)
                 for k, i in enumerate(chosen):
                     r, token = rows[i], int(tokens[k])

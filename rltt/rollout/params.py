@@ -26,7 +26,8 @@ class SamplingParams:
       ``eos_token_id`` is added unless ``ignore_eos``.
     - ``stop_strings`` (+ ``decoder``: token ids -> text, e.g. ``tokenizer.decode``): the
       completion ends once its decoded text contains one of them (tokens are kept whole).
-    - ``seed``: seeds the rollout's torch.Generator; None draws one (recorded in the batch).
+    - ``seed``: seeds one torch.Generator per row (from (seed, row)), so a row's draws do not
+      depend on the batch or schedule; None draws a seed (recorded in the batch).
     - ``n``: completions per prompt (a group); rows are prompt-major.
     - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (SPEC §1.4);
       None uses the model config's.

@@ -8,6 +8,10 @@ token exits without computing deeper steps (SPEC §1.4):
   `rltt.model.exit_distribution` exactly as `ExitPolicy.choose` does, on the prefix of gates;
 - ``sample``: draw u ~ U[0, 1) once per token and exit at the first t with CDF_t > u (else T):
   inverse-CDF sampling of t* ~ p.
+
+Randomness is per row: row r draws its exit uniforms and its tokens from its own generator
+(`row_generators`), in token order. So a row's random stream does not depend on the batch
+or the schedule — `dense` and `deferred` with the same seed make the same draws.
 """
 
 from __future__ import annotations
@@ -18,17 +22,24 @@ from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.rollout.params import SamplingParams
 
 
+def row_generators(seed: int, num_rows: int) -> list[torch.Generator]:
+    """One CPU generator per row, seeded from (seed, row)."""
+    mix = 0x9E3779B97F4A7C15  # odd 64-bit constant: distinct rows get well-separated seeds
+    return [torch.Generator().manual_seed((seed * mix + row) % 2**63) for row in range(num_rows)]
+
+
 class ExitDecider:
     """Decides, after a token's step t is computed, whether it exits there."""
 
-    def __init__(self, policy: ExitPolicy, num_loops: int, num_rows: int, generator: torch.Generator):
-        self.policy, self.num_loops, self.generator = policy, num_loops, generator
-        self.uniform = torch.zeros(num_rows)  # u of each row's current token (sample policy)
+    def __init__(self, policy: ExitPolicy, num_loops: int, generators: list[torch.Generator]):
+        self.policy, self.num_loops, self.generators = policy, num_loops, generators
+        self.uniform = torch.zeros(len(generators))  # u of each row's current token (sample policy)
 
     def start_tokens(self, rows: list[int]) -> None:
         """Rows beginning a new decode token: draw their u (sample policy only)."""
-        if self.policy.kind == "sample" and rows:
-            self.uniform[rows] = torch.rand(len(rows), generator=self.generator)
+        if self.policy.kind == "sample":
+            for r in rows:
+                self.uniform[r] = torch.rand((), generator=self.generators[r])
 
     def exits(self, rows: list[int], step: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         """Bool (n,): does the decode token of each row exit at ``step`` (n,)?
@@ -62,9 +73,9 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) 
     return raw, tempered
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
     """Next tokens (k,) from fp32 ``logits`` (k, V): argmax when greedy, else temperature, top-k,
-    top-p, then a multinomial draw from ``generator``."""
+    top-p, then a multinomial draw for row i from ``generators[i]``."""
     if params.greedy:
         return logits.argmax(dim=-1)
     scores = logits / params.temperature
@@ -78,4 +89,4 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])

@@ -127,3 +127,16 @@ def test_pending_entries_are_computed_when_a_later_token_needs_them():
             saw_pending |= end - start > 0 and start > 0
             frontier[(row, step)] = end + 1
     assert saw_pending
+
+
+def test_same_seed_same_draws_under_both_schedules():
+    """Per-row generators: sampled tokens and sampled exits do not depend on the schedule."""
+    engine = NativeEngine(tiny_model(gate_bias=0.0))
+    batch_prompts = prompts([4, 1, 6])
+    runs = [engine.generate(batch_prompts, SamplingParams(temperature=1.0, top_k=20, max_new_tokens=10, n=2,
+                                                          seed=8, exit_policy="sample", schedule=schedule))
+            for schedule in ("dense", "deferred")]
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert torch.equal(runs[0].exit_steps, runs[1].exit_steps)
+    assert len(set(runs[1].exit_steps[runs[1].completion_mask].tolist())) > 2
+    assert not torch.equal(runs[1].completion_ids[0], runs[1].completion_ids[1])  # group members differ
