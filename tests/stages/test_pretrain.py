@@ -1,0 +1,102 @@
+"""rltt pretrain: loss goes down, exact resume, checkpoints, collapse alarm."""
+
+import json
+
+import pytest
+import torch
+
+from rltt.model import load_looped
+from rltt.stages.checkpoint import list_checkpoints
+from rltt.stages.pretrain import pretrain
+from rltt.telemetry import read_metrics, schema
+
+from .helpers import tiny_pretrain_recipe
+
+#: keys that measure time, not training
+VOLATILE = ("wall_time", "time/", "throughput/", "memory/")
+
+
+def _stable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
+
+
+def test_short_pretrain_lowers_loss_and_writes_everything(tmp_path):
+    run = tmp_path / "run"
+    result = pretrain(tiny_pretrain_recipe(run, ["train.steps=30", "eval.every=30", "optim.lr=1e-2"]))
+    records = read_metrics(run)
+    losses = [r[schema.LM_LOSS] for r in records if schema.LM_LOSS in r]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    last = records[-1]
+    for key in ("lm/loss_step_1", "lm/loss_step_3", "exit/p_1", "exit/p_3", "exit/mean_step", "exit/collapse",
+                "grad_norm/total", "grad_norm/layer/0", "grad_norm/layer/1", "lr", "throughput/tokens_per_s",
+                "eval/lm_loss", "eval/solve_rate"):
+        assert key in last, key
+    assert abs(sum(last[f"exit/p_{t}"] for t in (1, 2, 3)) - 1) < 1e-4
+    # warmup then cosine decay
+    lrs = [r["lr"] for r in records]
+    assert lrs[0] < lrs[1] and lrs[-1] < max(lrs)
+    model = load_looped(result.final_dir)
+    assert model.config.num_loops == 3
+    assert (result.final_dir / "tokenizer.json").is_file()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["step"] == 30 and "eval/lm_loss" in summary["eval"]
+    assert [s for s, _ in list_checkpoints(run)] == [28, 30]  # keep 2
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_reproduces_uninterrupted_metrics(tmp_path):
+    full = tmp_path / "full"
+    pretrain(tiny_pretrain_recipe(full))
+
+    part = tmp_path / "part"
+
+    def crash(step, metrics):
+        if step == 6:  # after the step-4 checkpoint, mid-way to step 8
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        pretrain(tiny_pretrain_recipe(part), on_step=crash)
+    assert [s for s, _ in list_checkpoints(part)] == [4]
+    assert max(r["step"] for r in read_metrics(part)) == 6
+    pretrain(tiny_pretrain_recipe(part), resume=True)
+
+    a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert a == b
+    wa = load_looped(full / "final").state_dict()
+    wb = load_looped(part / "final").state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_existing_run_needs_resume(tmp_path):
+    from rltt.errors import RlttError
+
+    pretrain(tiny_pretrain_recipe(tmp_path / "r", ["train.steps=1"]))
+    with pytest.raises(RlttError, match="--resume"):
+        pretrain(tiny_pretrain_recipe(tmp_path / "r", ["train.steps=1"]))
+
+
+def test_collapse_alarm_fires_on_forced_collapse(tmp_path, capsys):
+    run = tmp_path / "collapsed"
+    # λ_1 ≈ σ(12): every token exits after loop 1, and β = 0 does nothing against it
+    result = pretrain(tiny_pretrain_recipe(run, ["model.gate_bias=12", "objective.beta=0", "train.steps=6",
+                                                 "eval.solve_problems=0"]))
+    assert result.alarms and result.alarms[0]["kind"] == "exit_collapse"
+    assert result.alarms[0]["step"] == 3  # patience 3 on logged steps 1, 2, 3
+    records = read_metrics(run)
+    assert all(r[schema.EXIT_COLLAPSE] > 0.99 for r in records if schema.EXIT_COLLAPSE in r)
+    alarms = [json.loads(line) for line in (run / "alarms.jsonl").read_text().splitlines()]
+    assert len(alarms) == 1 and alarms[0]["step"] == 3
+    assert "exit-gate collapse" in capsys.readouterr().err
+
+
+def test_collapse_alarm_silent_on_healthy_run(tmp_path):
+    run = tmp_path / "healthy"
+    result = pretrain(tiny_pretrain_recipe(run, ["train.steps=6", "eval.solve_problems=0"]))
+    assert result.alarms == []
+    assert not (run / "alarms.jsonl").exists()
+    assert all(r[schema.EXIT_COLLAPSE] < 0.5 for r in read_metrics(run) if schema.EXIT_COLLAPSE in r)
