@@ -44,7 +44,7 @@ class TorchBackend(_Backend):
     name = "torch"
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
-        self.module = model
+        self.module = self.forward_model = model
         self.cfg = cfg
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
@@ -123,9 +123,10 @@ class DeepSpeedBackend(_Backend):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                                                  config=ds_config)
         self.module = self.engine.module
+        self.forward_model = self.engine  # forwards go through the engine (ZeRO-3 bookkeeping)
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.backward(loss, scale_wrt_gas=False)  # micro-batch losses are already weighted
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # counts the micro-step; the update happens at the boundary
 

@@ -63,7 +63,7 @@ class Learner:
         olds, refs, exit_lps, entropies, exits = [], [], [], [], []
         self.model.eval()
         for mb in batch.micro_batches(self.micro):
-            scores = score_tokens(self.model, mb)
+            scores = score_tokens(self.backend.forward_model, mb)
             olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
             exit_lps.append(scores.to_rows(policy_logprob("exit", scores.logprobs, exit_steps=scores.exit_steps)))
             entropies.append(scores.entropy)
@@ -89,7 +89,7 @@ class Learner:
         batch = batch.to(self.device)
         current, ref = [], []
         for mb in batch.micro_batches(self.micro):
-            scores, ref_scores = score_tokens(self.model, mb), score_tokens(self.ref_model, mb)
+            scores, ref_scores = score_tokens(self.backend.forward_model, mb), score_tokens(self.ref_model, mb)
             current.append(scores.to_rows(kl_logprob(scores, self.algo, self.learned_logits)))
             ref.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         per_token = kl_estimate(torch.cat(current), torch.cat(ref), self.algo.kl_estimator)
@@ -125,7 +125,7 @@ class Learner:
             stats: dict[str, float] = {}
             for mb in batch.micro_batches(self.micro):
                 weight = self._weight(mb, normalizer)
-                out = rl_loss(score_tokens(self.model, mb), mb, self.algo, self.max_len, self.learned_logits)
+                out = rl_loss(score_tokens(self.backend.forward_model, mb), mb, self.algo, self.max_len, self.learned_logits)
                 self.backend.backward(out.loss * weight)
                 totals["loss"] += float(out.loss.detach()) * weight
                 totals["policy"] += float(out.policy_loss) * weight

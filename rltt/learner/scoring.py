@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from rltt.learner.batch import LearnerBatch
-from rltt.model.exits import exit_distribution
 
 
 @dataclass
@@ -40,15 +39,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def score_tokens(model: torch.nn.Module, batch: LearnerBatch) -> LoopScores:
     """Per-loop log-probs (at the batch temperature), entropies and exit probabilities of the
-    completion tokens of ``batch``."""
-    model = unwrap(model)
+    completion tokens of ``batch``. ``model`` may be wrapped (DeepSpeed engine): the call goes
+    through its forward, in the model's score mode."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, score_mask=batch.target_mask,
+                temperature=batch.temperature, use_cache=False)
     mask = batch.target_mask.bool()
-    if mask[:, 0].any():
-        raise ValueError("target_mask: position 0 cannot be a completion token (it has no context)")
-    hidden, gates = model.model(batch.input_ids, batch.attention_mask)  # (T, B, S, d), (T, B, S)
-    predicts = mask[:, 1:]  # the state at position i produced the token at i + 1
-    h = hidden[:, :, :-1][:, predicts]  # (T, N, d)
-    targets = batch.input_ids[:, 1:][predicts]
-    lp, entropy = model.lm_head(h, targets=targets, temperature=batch.temperature)
-    exit_probs = exit_distribution(gates[:, :, :-1][:, predicts])
-    return LoopScores(lp, entropy, exit_probs, batch.exit_steps[mask], mask)
+    return LoopScores(out.token_logprobs, out.token_entropy, out.token_exit_probs, batch.exit_steps[mask], mask)

@@ -41,6 +41,9 @@ class LoopOutput(ModelOutput):
     exit_probs: torch.Tensor | None = None  # (T, B, S) p_t
     step_hidden: torch.Tensor | None = None  # (T, B, S, d) normed per-step states h_t (opt-in)
     step_logits: torch.Tensor | None = None  # (T, B, S, V) per-step logits (opt-in: T× memory)
+    token_logprobs: torch.Tensor | None = None  # (T, N) per-loop log-probs of the scored tokens
+    token_entropy: torch.Tensor | None = None  # (T, N) per-loop entropies at the scored tokens
+    token_exit_probs: torch.Tensor | None = None  # (T, N) exit distribution that produced each scored token
 
 
 class CacheAttend:
@@ -67,7 +70,9 @@ class LMHead(nn.Linear):
             return super().forward(hidden)
         from rltt.kernels import per_loop_logprobs
 
-        return per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask)
+        # a plain tuple, so that ZeRO-3's backward hooks see the output tensors and re-gather the weight
+        out = per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask)
+        return out.logprobs, out.entropy
 
 
 class LoopedPreTrainedModel(PreTrainedModel):
@@ -203,8 +208,12 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         output_step_logits: bool = False,
         output_step_hidden: bool = False,
         generator: torch.Generator | None = None,
+        score_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
         **kwargs,
     ) -> LoopOutput:
+        if score_mask is not None:
+            return self.score(input_ids, attention_mask, score_mask, temperature)
         cfg = self.config
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache:
@@ -239,3 +248,18 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
             step_hidden=step_hidden if output_step_hidden else None,
             step_logits=self.lm_head(kept_hidden) if output_step_logits else None,
         )
+
+    def score(self, input_ids, attention_mask, score_mask: torch.Tensor, temperature: float = 1.0) -> LoopOutput:
+        """Score mode (``forward(..., score_mask=M)``): per-loop log-probs ``log P^(t)(x_j)`` and
+        entropies of the tokens at positions where ``M`` (B, S) is true, for all T loops, through
+        `rltt.kernels` (no (T, N, V) logits), plus the exit distribution of the state that produced
+        each of them (position j − 1). Going through ``forward`` keeps wrappers (DeepSpeed) in charge."""
+        mask = score_mask.bool()
+        if mask[:, 0].any():
+            raise ValueError("score_mask: position 0 cannot be scored (it has no context)")
+        step_hidden, gate_probs = self.model(input_ids, attention_mask)
+        predicts = mask[:, 1:]  # the state at position i produced the token at i + 1
+        logprobs, entropy = self.lm_head(step_hidden[:, :, :-1][:, predicts], targets=input_ids[:, 1:][predicts],
+                                         temperature=temperature)
+        return LoopOutput(gate_probs=gate_probs, token_logprobs=logprobs, token_entropy=entropy,
+                          token_exit_probs=exit_distribution(gate_probs[:, :, :-1][:, predicts]))
