@@ -1,0 +1,66 @@
+"""ensure_quickstart_model: builds once into the cache, then returns the cached checkpoint."""
+
+import json
+
+import pytest
+
+from rltt.model import load_looped
+from rltt.stages import quickstart
+from rltt.stages.quickstart import ensure_quickstart_model, quickstart_info
+
+#: a seconds-long variant of recipes/pretrain-tiny.yaml (same code path, tiny sizes)
+FAST = ["train.steps=3", "train.save_every=2", "eval.every=3", "eval.solve_problems=2", "eval.max_new_tokens=4",
+        "eval.loss_batches=1", "data.block_size=32", "data.held_out_docs=8", "tokenizer.train_docs=50",
+        "tokenizer.kind=char", "tokenizer.vocab_size=64", "model.config.hidden_size=64",
+        "model.config.intermediate_size=64", "train.batch_size=2"]
+
+
+def test_builds_once_then_caches(tmp_path, monkeypatch):
+    path = ensure_quickstart_model(tmp_path, overrides=FAST, progress=False)
+    assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
+    model = load_looped(path)
+    assert model.config.num_loops == 4 and model.config.head_dim == 64
+    info = json.loads((path.parents[1] / "quickstart.json").read_text())
+    assert info["step"] == 3 and "eval/solve_rate" in info["eval"]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached model must not be rebuilt")
+
+    monkeypatch.setattr("rltt.stages.pretrain.pretrain", no_training)
+    assert ensure_quickstart_model(tmp_path, overrides=FAST, progress=False) == path
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTT_CACHE", str(tmp_path / "cache"))
+    assert quickstart.default_cache_dir() == tmp_path / "cache"
+    assert quickstart_info() is None
+
+
+def test_interrupted_build_resumes(tmp_path, monkeypatch):
+    from rltt.stages import pretrain as stage
+
+    real = stage.pretrain
+
+    def interrupted(recipe, resume=False, on_step=None):
+        def stop(step, metrics):
+            if step == 2:
+                raise KeyboardInterrupt
+
+        return real(recipe, resume=resume, on_step=stop)
+
+    monkeypatch.setattr(stage, "pretrain", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_quickstart_model(tmp_path, overrides=FAST, progress=False)
+    monkeypatch.setattr(stage, "pretrain", real)
+    path = ensure_quickstart_model(tmp_path, overrides=FAST, progress=False)
+    steps = [json.loads(line)["step"] for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3] or steps == [3]  # log_every of the recipe decides which are logged
+    assert json.loads((path.parents[1] / "quickstart.json").read_text())["step"] == 3
+
+
+@pytest.mark.slow
+def test_full_quickstart_model_has_mixed_solve_rate(tmp_path):
+    path = ensure_quickstart_model(tmp_path, progress=False)
+    info = json.loads((path.parents[1] / "quickstart.json").read_text())
+    assert 0.2 <= info["eval"]["eval/solve_rate"] <= 0.6
+    assert info["eval"]["eval/exit/p_1"] < 0.9 and info["eval"]["eval/exit/collapse"] < 0.5
