@@ -1,1 +1,32 @@
+"""Solve-rate curation (SPEC §5): `rltt curate` and `rltt eval`.
 
+- `run_curation(CurationJob, engine, encode, decode, runner)`: the resumable loop (any engine).
+- `curate_recipe` / `evaluate_recipe`: the same on a train recipe's policy, sampling and rewards.
+- `Band`, histograms (`solve_rate_bins`, `text_histogram`, `plot_histogram`), and the record file
+  (`RecordJournal`).
+"""
+
+from rltt.curation.curate import (KEPT_FIELDS, RECORD_FIELDS, CurationJob, CurationPaths, CurationResult,
+                                  prompt_seed, run_curation)
+from rltt.curation.histogram import Band, plot_histogram, solve_rate_bins, text_histogram
+from rltt.curation.recipes import EvalReport, RecipePolicy, curate_recipe, evaluate_recipe
+from rltt.curation.store import RecordJournal
+
+__all__ = [
+    "KEPT_FIELDS",
+    "RECORD_FIELDS",
+    "Band",
+    "CurationJob",
+    "CurationPaths",
+    "CurationResult",
+    "EvalReport",
+    "RecipePolicy",
+    "RecordJournal",
+    "curate_recipe",
+    "evaluate_recipe",
+    "plot_histogram",
+    "prompt_seed",
+    "run_curation",
+    "solve_rate_bins",
+    "text_histogram",
+]

@@ -1,0 +1,276 @@
+"""The curation loop (SPEC §5): k completions per prompt → solve rate → the kept band.
+
+`run_curation` takes any `RolloutEngine`, so the policy can be a real LoopLM or a scripted test
+engine. For every prompt not yet in the output it samples ``samples`` completions in one
+``generate`` call seeded by `prompt_seed` (the recipe seed and the prompt id — not the prompt's
+position or the batch), scores them with the reward runner, and appends the prompt's record to
+the output journal at once. A killed run therefore loses at most the prompt in flight, and a
+rerun skips every recorded prompt and samples the rest exactly as the uninterrupted run would
+have. At the end it writes the full output in source order, the kept (in-band) set as a GSM8K
+file, and a solve-rate histogram PNG.
+
+Files, for ``--out curated.jsonl`` (or ``curated.parquet``):
+
+- ``curated.jsonl``: every prompt's record (`RECORD_FIELDS`); it is also the journal appended
+  to while the run goes. For Parquet the journal is ``curated.progress.jsonl``, converted to
+  ``curated.parquet`` at the end and then removed.
+- ``curated.kept.jsonl`` (``.kept.parquet``): the in-band prompts as GSM8K records
+  ``{id, question, answer, solve_rate}`` — usable as a train recipe's ``data.source``.
+- ``curated.hist.png``: the solve-rate histogram.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rltt.curation.histogram import Band, plot_histogram, solve_rate_bins, text_histogram
+from rltt.curation.store import (RecordJournal, read_parquet_records, refuse_record, write_jsonl_atomic,
+                                 write_parquet_atomic)
+from rltt.data.gsm8k import DEFAULT_TEMPLATE
+from rltt.data.rewards import RewardRunner
+from rltt.errors import RlttError
+from rltt.orchestration.groups import score_rollout, solved
+from rltt.orchestration.prompts import make_task
+from rltt.rollout import RolloutEngine, SamplingParams
+
+#: The fields of one output record.
+RECORD_FIELDS = ("id", "question", "answer", "prompt", "solve_rate", "rewards", "solved", "mean_exit_step",
+                 "mean_length", "reward_errors", "in_band", "source", "settings")
+#: The fields of one kept (GSM8K-format) record.
+KEPT_FIELDS = ("id", "question", "answer", "solve_rate")
+FORMATS = (".jsonl", ".parquet")
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """The sampling seed of one prompt: a stable hash of the run seed and the prompt id."""
+    digest = hashlib.blake2b(f"{seed}\x00{prompt_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**62
+
+
+@dataclass
+class CurationPaths:
+    """Where a curation run writes, derived from ``--out`` (and ``--kept``)."""
+
+    out: Path
+    journal: Path
+    kept: Path
+    histogram: Path
+
+    @property
+    def parquet(self) -> bool:
+        return self.out.suffix == ".parquet"
+
+    @classmethod
+    def for_output(cls, out: str | Path, kept: str | Path | None = None) -> "CurationPaths":
+        out = Path(out)
+        if out.suffix not in FORMATS:
+            raise RlttError(f"--out: {out} must end in .jsonl or .parquet")
+        if out.exists() and not out.is_file():
+            raise RlttError(f"--out: {out} is not a file")
+        journal = out.with_name(out.stem + ".progress.jsonl") if out.suffix == ".parquet" else out
+        kept_path = Path(kept) if kept is not None else out.with_name(out.stem + ".kept" + out.suffix)
+        if kept_path.suffix not in FORMATS:
+            raise RlttError(f"--kept: {kept_path} must end in .jsonl or .parquet")
+        if kept_path.resolve() in (out.resolve(), journal.resolve()):
+            raise RlttError(f"--kept: {kept_path} must differ from --out")
+        return cls(out, journal, kept_path, out.with_name(out.stem + ".hist.png"))
+
+
+@dataclass
+class CurationJob:
+    """What to curate and how.
+
+    ``records``: GSM8K records (``id``, ``question``, ``answer``) in order; ``source``: their
+    name, stored in each output record. ``sampling``: the policy's sampling settings (``n`` and
+    ``seed`` are set per prompt). ``fingerprint``: further settings an existing output must have
+    been made with to be resumed (policy, rewards, ...); with ``samples``, ``seed``, ``template``
+    and ``sampling`` they make the ``settings`` digest of every record.
+    """
+
+    source: str
+    records: list[dict]
+    out: str | Path
+    samples: int = 8
+    band: Band = field(default_factory=Band)
+    kept: str | Path | None = None
+    template: str = DEFAULT_TEMPLATE
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+    fingerprint: dict = field(default_factory=dict)
+    progress: bool = True
+
+    def settings_digest(self) -> str:
+        s = self.sampling
+        settings = {
+            "samples": self.samples, "seed": self.seed, "template": self.template,
+            "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                         "max_new_tokens": s.max_new_tokens, "stop_token_ids": sorted(s.stop_token_ids),
+                         "stop_strings": list(s.stop_strings), "ignore_eos": s.ignore_eos,
+                         "exit_policy": None if s.exit_policy is None else str(s.exit_policy),
+                         "schedule": s.schedule},
+            **self.fingerprint,
+        }
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class CurationResult:
+    """All records (source order), what this run did, and where it wrote."""
+
+    records: list[dict]
+    band: Band
+    samples: int
+    sampled: int  # prompts sampled by this run
+    resumed: int  # prompts found finished in an existing output
+    paths: CurationPaths
+
+    @property
+    def kept(self) -> list[dict]:
+        return [r for r in self.records if r["in_band"]]
+
+    @property
+    def solve_rates(self) -> list[float]:
+        return [r["solve_rate"] for r in self.records]
+
+    def histogram_text(self) -> str:
+        return text_histogram(solve_rate_bins(self.solve_rates, self.samples, self.band))
+
+    def summary(self) -> str:
+        """The counts, the text histogram and the files written."""
+        total, kept = len(self.records), len(self.kept)
+        mean = sum(self.solve_rates) / total if total else 0.0
+        return "\n".join([
+            f"{total} prompts ({self.sampled} sampled now, {self.resumed} resumed), {self.samples} samples each; "
+            f"mean solve rate {mean:.3f}",
+            f"kept {kept}, dropped {total - kept} (band {self.band}; "
+            f"{sum(r['solve_rate'] < self.band.low - 1e-9 for r in self.records)} too hard, "
+            f"{sum(r['solve_rate'] > self.band.high + 1e-9 for r in self.records)} too easy)",
+            self.histogram_text(),
+            f"records:   {self.paths.out}",
+            f"kept set:  {self.paths.kept}  (use as data.source)",
+            f"histogram: {self.paths.histogram}",
+        ])
+
+
+def _source_index(job: CurationJob) -> dict[str, dict]:
+    by_id: dict[str, dict] = {}
+    for record in job.records:
+        rid = str(record.get("id", ""))
+        if not rid:
+            raise RlttError(f"{job.source}: a record has no id")
+        if rid in by_id:
+            raise RlttError(f"{job.source}: duplicate prompt id {rid!r}")
+        by_id[rid] = record
+    return by_id
+
+
+def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str):
+    """The check an existing output's records must pass to be resumed."""
+
+    def check(record: dict, where: str) -> None:
+        missing = [k for k in RECORD_FIELDS if k not in record]
+        if missing:
+            raise refuse_record(where, f"not a curation record (missing {', '.join(missing)})")
+        if record["source"] != job.source:
+            raise refuse_record(where, f"a record curated from {record['source']!r}, not {job.source!r}")
+        if record["settings"] != digest:
+            raise refuse_record(where, "a record curated with other settings (policy, sampling, rewards, prompt "
+                                       "template, seed or --samples differ)")
+        source_record = by_id.get(record["id"])
+        if source_record is None:
+            raise refuse_record(where, f"prompt id {record['id']!r} is not among the {len(by_id)} prompts of "
+                                       f"{job.source} (another --split or --limit?)")
+        if source_record["question"] != record["question"]:
+            raise refuse_record(where, f"the question of {record['id']!r} differs from {job.source}'s")
+
+    return check
+
+
+def _load_finished(paths: CurationPaths, journal: RecordJournal, check) -> list[dict]:
+    """Records of a previous run: the journal, or (Parquet) a finished output copied into one."""
+    records = journal.read(check)
+    if paths.parquet and not paths.journal.exists() and paths.out.exists():
+        records = read_parquet_records(paths.out, check)
+        journal.append(records)
+    return records
+
+
+def _sample_prompt(job: CurationJob, record: dict, engine: RolloutEngine, encode, decode,
+                   runner: RewardRunner, digest: str) -> dict:
+    """Sample and score one prompt; its output record."""
+    task = make_task(record, encode, job.template)
+    params = replace(job.sampling, n=job.samples, seed=prompt_seed(job.seed, task.id))
+    rollout = engine.generate([task.prompt_ids], params)
+    groups = score_rollout(rollout, [task], decode, runner)
+    flags = solved(groups, runner.names[0])
+    mask = rollout.completion_mask
+    tokens = int(mask.sum())
+    rate = sum(flags) / len(flags)
+    return {
+        "id": task.id, "question": record["question"], "answer": record["answer"], "prompt": task.prompt,
+        "solve_rate": rate, "rewards": [float(r) for r in groups.rewards], "solved": [bool(f) for f in flags],
+        "mean_exit_step": float(rollout.exit_steps[mask].float().sum()) / tokens if tokens else 0.0,
+        "mean_length": tokens / len(flags), "reward_errors": len(groups.errors),
+        "in_band": job.band.contains(rate), "source": job.source, "settings": digest,
+    }
+
+
+def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner: RewardRunner) -> CurationResult:
+    """Curate ``job.records`` with ``engine`` (resuming an existing output); see the module docstring.
+
+    ``encode``: prompt text → token ids; ``decode``: token ids → text. An existing output that
+    is malformed or from another source or settings raises an `RlttError` and is not touched.
+    """
+    from tqdm.auto import tqdm
+
+    if job.samples < 1:
+        raise RlttError(f"--samples: must be >= 1, got {job.samples}")
+    paths = CurationPaths.for_output(job.out, job.kept)
+    by_id = _source_index(job)
+    digest = job.settings_digest()
+    journal = RecordJournal(paths.journal)
+    finished = _load_finished(paths, journal, _record_check(job, by_id, digest))
+    done = {r["id"]: r for r in finished}
+    order = [r["id"] for r in finished]
+    pending = [r for rid, r in by_id.items() if rid not in done]
+
+    bar = tqdm(total=len(by_id), initial=len(by_id) - len(pending), desc="rltt curate", unit="prompt",
+               disable=not job.progress, dynamic_ncols=True)
+    kept = sum(job.band.contains(r["solve_rate"]) for r in finished)
+    with bar:
+        for record in pending:
+            new = _sample_prompt(job, record, engine, encode, decode, runner, digest)
+            journal.append([new])
+            done[new["id"]] = new
+            order.append(new["id"])
+            kept += new["in_band"]
+            bar.update(1)
+            bar.set_postfix(kept=kept, solve=f"{new['solve_rate']:.2f}")
+
+    records = [done[rid] for rid in by_id]
+    stale = [r for r in records if r["in_band"] != job.band.contains(r["solve_rate"])]
+    for record in stale:  # an earlier run used another --band
+        record["in_band"] = job.band.contains(record["solve_rate"])
+    _write_outputs(paths, records, journal, rewrite=bool(stale) or order != list(by_id))
+    result = CurationResult(records, job.band, job.samples, len(pending), len(finished), paths)
+    plot_histogram(paths.histogram, solve_rate_bins(result.solve_rates, job.samples, job.band), job.band,
+                   title=f"solve rate over {job.samples} samples: {len(result.kept)}/{len(records)} kept")
+    return result
+
+
+def _write_outputs(paths: CurationPaths, records: list[dict], journal: RecordJournal, rewrite: bool) -> None:
+    """The full output (source order) and the kept set; each file is replaced atomically."""
+    if paths.parquet:
+        write_parquet_atomic(paths.out, records)
+        journal.remove()
+    elif rewrite:
+        write_jsonl_atomic(paths.out, records)
+    kept = [{k: r[k] for k in KEPT_FIELDS} for r in records if r["in_band"]]
+    if paths.kept.suffix == ".parquet":
+        write_parquet_atomic(paths.kept, kept, empty_columns=KEPT_FIELDS)
+    else:
+        write_jsonl_atomic(paths.kept, kept)
+
