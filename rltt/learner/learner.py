@@ -101,13 +101,25 @@ class Learner:
         its share of the global batch times the world size."""
         local = float(batch.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(batch.size)
         world = 1
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        data_parallel = self.cfg.backend == "deepspeed"
+        if data_parallel and torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
             if world > 1:
                 total = torch.tensor([local], dtype=torch.float64)
                 torch.distributed.all_reduce(total)
                 local = float(total)
         return max(local, 1.0) / world
+
+    def _across_ranks(self, totals: dict[str, float]) -> dict[str, float]:
+        """Batch-level loss values: each rank's weighted sum is its share × world, so the mean over
+        ranks is the global value (identity in one process)."""
+        if not (self.cfg.backend == "deepspeed" and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1):
+            return totals
+        values = torch.tensor(list(totals.values()), dtype=torch.float64)
+        torch.distributed.all_reduce(values)
+        values /= torch.distributed.get_world_size()
+        return dict(zip(totals, values.tolist()))
 
     def _weight(self, mb: LearnerBatch, normalizer: float) -> float:
         part = float(mb.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(mb.size)
@@ -138,6 +150,7 @@ class Learner:
                     else:
                         stats[key] = stats.get(key, 0.0) + value * weight
             metrics.update(self.backend.step())
+        totals = self._across_ranks(totals)
         metrics.update({
             m.LOSS_TOTAL: totals["loss"],
             m.LOSS_POLICY: totals["policy"],
