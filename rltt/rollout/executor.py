@@ -41,6 +41,8 @@ class PassExecutor:
         self.tokens = torch.zeros(num_rows, max_len, dtype=torch.long, device=self.device)
         self.carry = torch.zeros(num_rows, max_len, cfg.hidden_size, dtype=self.dtype, device=self.device)
         self.gates = torch.full((cfg.num_loops, num_rows, max_len), float("nan"), device=self.device)
+        positions = torch.arange(max_len, device=self.device)[:, None]
+        self.cos, self.sin = self.inner.rotary_emb(positions, self.dtype)  # (max_len, 1, D), once
 
     @torch.no_grad()
     def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
@@ -68,7 +70,7 @@ class PassExecutor:
         uniform = all(s == steps[0] for s in steps)
         step = steps[0] if uniform else item_steps  # an int keeps LoRA on its batched path
         z = self.inner.inject(embeds[:, None], carry[:, None], step)  # (N, 1, d): one item per row
-        cos, sin = self.inner.rotary_emb(item_pos[:, None], self.dtype)
+        cos, sin = self.cos[item_pos], self.sin[item_pos]
         groups = plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device)
         attend = GroupedAttend(self.cache, groups, item_rows, item_pos, item_steps, self.scale)
         s = self.inner.block(z, cos, sin, attend, step)

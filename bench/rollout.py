@@ -1,0 +1,172 @@
+"""Rollout engine throughput: dense vs deferred schedules, and native vs transformers' generate().
+
+    python bench/rollout.py                      # full run (< 8 min on 2 CPU cores)
+    python bench/rollout.py --write              # … and update bench/RESULTS.md's section
+
+The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
+zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
+``sample`` exit policy (E[t*] = Σ_{t<T} (1 − λ)^t). Decoding is greedy (tokens) with sampled
+exits; the engine draws each row's exits from the row's own generator, so dense and deferred
+make exactly the same exits (checked). Each configuration runs ``--repeats`` times,
+interleaved, and the fastest run is reported.
+
+Timing: the development machine is shared (other jobs keep its 2 cores busy), which makes
+wall-clock figures swing by 2-10x between runs and makes multi-threaded OpenMP regions stall.
+So the default is one intra-op thread and the throughput is tokens per second of *process
+CPU time* (``time.process_time``), which other jobs do not inflate; wall-clock figures are
+printed too. Pass ``--clock wall`` (and ``--threads N``) on a dedicated machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rltt.model import LoopConfig, LoopedForCausalLM
+from rltt.rollout import NativeEngine, SamplingParams
+
+SECTION = "## Rollout engine (bench/rollout.py)"
+
+
+def gate_lambda(mean_exit: float, num_loops: int) -> float:
+    """λ with Σ_{t<T} (1 − λ)^t = mean_exit (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        lam = (lo + hi) / 2
+        mean = sum((1 - lam) ** t for t in range(num_loops))
+        lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
+    return (lo + hi) / 2
+
+
+def build_model(args) -> LoopedForCausalLM:
+    torch.manual_seed(0)
+    cfg = LoopConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                     num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=2,
+                     num_loops=args.loops, max_position_embeddings=1024)
+    model = LoopedForCausalLM(cfg).eval()
+    lam = gate_lambda(args.mean_exit, args.loops)
+    with torch.no_grad():
+        model.model.exit_gate.weight.zero_()
+        model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
+    return model
+
+
+def timed(fn, clock):
+    start = clock()
+    out = fn()
+    return clock() - start, out
+
+
+def run(args) -> tuple[list[dict], str]:
+    torch.set_num_threads(args.threads)
+    model = build_model(args)
+    engine = NativeEngine(model)
+    rows = []
+    for bsz in args.batch_sizes:
+        gen = torch.Generator().manual_seed(bsz)
+        prompts = torch.randint(1, args.vocab, (bsz, args.prompt_len), generator=gen)
+
+        def native(schedule, policy):
+            return engine.generate(prompts.tolist(), SamplingParams(
+                temperature=0, max_new_tokens=args.new_tokens, exit_policy=policy, schedule=schedule, seed=1,
+                ignore_eos=True))
+
+        def hf():
+            with torch.no_grad():
+                return model.generate(prompts, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                      do_sample=False, pad_token_id=0)
+
+        configs = {"dense": lambda: native("dense", "sample"), "deferred": lambda: native("deferred", "sample"),
+                   "native_final": lambda: native("deferred", "final"), "hf_final": hf}
+        native("deferred", "sample")  # warm-up
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        best, outs = {k: float("inf") for k in configs}, {}
+        for _ in range(args.repeats):
+            for name, fn in configs.items():
+                seconds, outs[name] = timed(fn, clock)
+                best[name] = min(best[name], seconds)
+        dense, deferred = outs["dense"], outs["deferred"]
+        assert torch.equal(dense.exit_steps, deferred.exit_steps), "dense and deferred made different exits"
+        assert torch.equal(outs["native_final"].completion_ids, outs["hf_final"][:, args.prompt_len:]), \
+            "native final-exit tokens differ from generate()"
+        tokens = bsz * args.new_tokens
+        row = dict(
+            batch=bsz, mean_exit=float(deferred.exit_steps.float().mean()),
+            dense_tps=tokens / best["dense"], deferred_tps=tokens / best["deferred"],
+            native_final_tps=tokens / best["native_final"], hf_tps=tokens / best["hf_final"],
+            dense_ppt=dense.stats.passes_per_token, deferred_ppt=deferred.stats.passes_per_token,
+            dense_entries=dense.stats.entries_computed, deferred_entries=deferred.stats.entries_computed,
+            pending=deferred.stats.entries_pending,
+        )
+        row["ratio"] = row["deferred_tps"] / row["dense_tps"]
+        row["vs_hf"] = row["native_final_tps"] / row["hf_tps"]
+        rows.append(row)
+        print(f"batch {bsz}: dense {row['dense_tps']:.1f} tok/s, deferred {row['deferred_tps']:.1f} tok/s "
+              f"({row['ratio']:.2f}x), native final {row['native_final_tps']:.1f} vs generate() "
+              f"{row['hf_tps']:.1f} tok/s ({row['vs_hf']:.2f}x)", flush=True)
+    return rows, table(rows)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| batch | E[t*] | dense tok/s | deferred tok/s | deferred/dense | passes/token dense → deferred "
+        "| entries dense → deferred (pending) | native final tok/s | generate() tok/s | native/generate |",
+        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['mean_exit']:.2f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | "
+            f"**{r['ratio']:.2f}×** | {r['dense_ppt']:.2f} → {r['deferred_ppt']:.2f} | "
+            f"{r['dense_entries']} → {r['deferred_entries']} ({r['pending']}) | {r['native_final_tps']:.1f} | "
+            f"{r['hf_tps']:.1f} | **{r['vs_hf']:.2f}×** |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, body: str) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    section = f"{SECTION}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--loops", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--mean-exit", type=float, default=2.5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="cpu: process CPU time (robust on a shared machine); wall: elapsed time")
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows, md = run(args)
+    md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}; prompts of {args.prompt_len} "
+          f"tokens, {args.new_tokens} new tokens per row; {args.threads} thread(s); throughput in tokens per "
+          f"{'CPU' if args.clock == 'cpu' else 'wall-clock'} second, best of {args.repeats}.\n\n{md}")
+    print(md)
+    command = "python bench/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"total {time.perf_counter() - start:.0f} s")
+    if args.write:
+        write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n")
+
+
+if __name__ == "__main__":
+    main()
