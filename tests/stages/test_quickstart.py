@@ -12,7 +12,7 @@ from rltt.stages.quickstart import ensure_quickstart_model, quickstart_info
 FAST = ["train.steps=3", "train.save_every=2", "eval.every=3", "eval.solve_problems=2", "eval.max_new_tokens=4",
         "eval.loss_batches=1", "data.block_size=32", "data.held_out_docs=8", "tokenizer.train_docs=50",
         "tokenizer.kind=char", "tokenizer.vocab_size=64", "model.config.hidden_size=64",
-        "model.config.intermediate_size=64", "train.batch_size=2"]
+        "model.config.intermediate_size=64", "model.config.num_attention_heads=1", "train.batch_size=2"]
 
 
 def test_builds_once_then_caches(tmp_path, monkeypatch):
