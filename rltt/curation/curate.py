@@ -167,8 +167,9 @@ def _source_index(job: CurationJob) -> dict[str, dict]:
     return by_id
 
 
-def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str):
-    """The check an existing output's records must pass to be resumed."""
+def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str | None):
+    """The check an existing output's records must pass to be resumed (``digest`` None: all but
+    the settings digest)."""
 
     def check(record: dict, where: str) -> None:
         missing = [k for k in RECORD_FIELDS if k not in record]
@@ -176,7 +177,10 @@ def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str):
             raise refuse_record(where, f"not a curation record (missing {', '.join(missing)})")
         if record["source"] != job.source:
             raise refuse_record(where, f"a record curated from {record['source']!r}, not {job.source!r}")
-        if record["settings"] != digest:
+        if not isinstance(record["solved"], list) or len(record["solved"]) != job.samples:
+            count = len(record["solved"]) if isinstance(record["solved"], list) else "?"
+            raise refuse_record(where, f"a record curated with {count} samples per prompt, not {job.samples}")
+        if digest is not None and record["settings"] != digest:
             raise refuse_record(where, "a record curated with other settings (policy, sampling, rewards, prompt "
                                        "template, seed or --samples differ)")
         source_record = by_id.get(record["id"])
@@ -187,6 +191,18 @@ def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str):
             raise refuse_record(where, f"the question of {record['id']!r} differs from {job.source}'s")
 
     return check
+
+
+def check_existing_output(job: CurationJob) -> int:
+    """Check an existing output of ``job`` (all but the settings digest) without touching it;
+    the number of finished prompts. Lets a caller fail before loading a model."""
+    paths = CurationPaths.for_output(job.out, job.kept)
+    check = _record_check(job, _source_index(job), None)
+    if paths.journal.exists():
+        return len(RecordJournal(paths.journal).read(check))
+    if paths.parquet and paths.out.exists():
+        return len(read_parquet_records(paths.out, check))
+    return 0
 
 
 def _load_finished(paths: CurationPaths, journal: RecordJournal, check) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rltt.curation.curate import CurationJob, CurationResult, run_curation
+from rltt.curation.curate import CurationJob, CurationResult, check_existing_output, run_curation
 from rltt.curation.histogram import Band
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
@@ -81,14 +81,14 @@ def curate_recipe(recipe: TrainRecipe, out: str | Path, *, samples: int | None =
     if samples < 1:
         raise RlttError(f"--samples: must be >= 1, got {samples}")
     records = curation_records(source, split, limit if limit is not None else recipe.data.limit, recipe.data.seed)
+    job = CurationJob(source=source_label(source), records=records, out=out, samples=samples, band=band or Band(),
+                      kept=kept, template=recipe.data.prompt_template, seed=recipe.seed, progress=progress)
+    check_existing_output(job)  # a bad existing output fails before the model loads
     policy = RecipePolicy.load(recipe, recipe_root, model)
-    job = CurationJob(
-        source=source_label(source), records=records, out=out, samples=samples, band=band or Band(), kept=kept,
-        template=recipe.data.prompt_template, sampling=policy.sampling(recipe), seed=recipe.seed,
-        fingerprint={"model": str(policy.model_path.resolve()), "dtype": recipe.model.dtype,
-                     "convert": recipe.model.convert, "split": split,
-                     "rewards": [[s.fn, s.weight] for s in recipe.rewards]},
-        progress=progress)
+    job.sampling = policy.sampling(recipe)
+    job.fingerprint = {"model": str(policy.model_path.resolve()), "dtype": recipe.model.dtype,
+                       "convert": recipe.model.convert, "split": split,
+                       "rewards": [[s.fn, s.weight] for s in recipe.rewards]}
     return run_curation(job, policy.engine, policy.encode, policy.decode, policy.runner)
 
 
