@@ -210,7 +210,8 @@ def _load_finished(paths: CurationPaths, journal: RecordJournal, check) -> list[
     records = journal.read(check)
     if paths.parquet and not paths.journal.exists() and paths.out.exists():
         records = read_parquet_records(paths.out, check)
-        journal.append(records)
+        write_jsonl_atomic(paths.journal, records)  # all or nothing: a kill here keeps the Parquet file in use
+        journal.read()
     return records
 
 

@@ -79,7 +79,8 @@ def _batch(prompts, params, rows, exit_rows) -> RolloutBatch:
         exits[r, : len(row)] = torch.tensor(steps)
     index = [i for i in range(len(prompts)) for _ in range(params.n)]
     return RolloutBatch(
-        prompts=prompts, prompt_index=torch.tensor(index), prompt_lengths=torch.tensor([len(prompts[i]) for i in index]),
+        prompts=prompts, prompt_index=torch.tensor(index),
+        prompt_lengths=torch.tensor([len(prompts[i]) for i in index]),
         completion_ids=ids, completion_lengths=lengths,
         completion_mask=torch.arange(width)[None, :] < lengths[:, None], exit_steps=exits,
         logprobs=torch.zeros((R, width)), tempered_logprobs=torch.zeros((R, width)),
