@@ -103,7 +103,7 @@ class NativeEngine(RolloutEngine):
             if cand:
                 cand_rows = torch.tensor([rows[i] for i in cand])
                 cand_steps = torch.tensor([steps[i] for i in cand])
-                gates = executor.gates[:, cand_rows, torch.tensor([ends[i] for i in cand])]
+                gates = executor.gates[:, cand_rows, torch.tensor([ends[i] for i in cand])].cpu()
                 decide = decider.exits([rows[i] for i in cand], cand_steps, gates).tolist()
                 chosen = [i for i, yes in zip(cand, decide) if yes]
             exit_rows = [rows[i] for i in chosen]

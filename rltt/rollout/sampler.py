@@ -88,5 +88,5 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list
         drop_sorted = (cum - torch.softmax(sorted_scores, dim=-1)) >= params.top_p  # mass before ≥ p
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+    probs = torch.softmax(scores, dim=-1).cpu()  # the row generators are CPU generators
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]).to(logits.device)
