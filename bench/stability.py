@@ -43,7 +43,7 @@ def base_data(out: Path, name: str, steps: int, layers: int = 2) -> dict:
         "optim": {"lr": 3e-3, "warmup_steps": 0, "grad_clip": 1.0, "min_lr_ratio": 1.0},
         "objective": {"beta": 0.15},
         "train": {"steps": steps, "batch_size": 8, "log_every": 1, "save_every": steps, "progress": False,
-                  "threads": 2},
+                  "threads": 1},
         "eval": {"every": steps, "loss_batches": 1, "solve_problems": 0},
         "alarm": {"p1_threshold": 0.9, "patience": 3},
     }
