@@ -140,7 +140,7 @@ class NativeEngine(RolloutEngine):
     @staticmethod
     def _finish_reason(completion: list[int], token: int, stops: set[int], params: SamplingParams,
                        position: int, max_positions: int) -> str | None:
-        """"stop" / "length" when the row ends with ``token`` (now at ``position``), else None."""
+        """Finish reason ("stop" or "length") if the row ends with ``token`` (at ``position``), else None."""
         if token in stops:
             return "stop"
         if params.stop_strings:
