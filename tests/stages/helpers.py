@@ -13,7 +13,7 @@ def tiny_pretrain_data(run_dir, **extra) -> dict:
         "tokenizer": {"kind": "char", "vocab_size": 64, "train_docs": 200},
         "model": {"config": dict(TINY_MODEL)},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
-        "train": {"steps": 8, "batch_size": 4, "log_every": 1, "save_every": 4, "progress": False},
+        "train": {"steps": 8, "batch_size": 4, "log_every": 1, "save_every": 4, "progress": False, "threads": 1},
         "eval": {"every": 4, "loss_batches": 1, "solve_problems": 4, "solve_batch_size": 4, "max_new_tokens": 8},
     }
     for key, value in extra.items():

@@ -21,7 +21,7 @@ def convert_data(tmp_path, **model):
         "data": {"source": "synthetic:trivial", "block_size": 48, "held_out_docs": 16},
         "tokenizer": {"kind": "char", "vocab_size": 64, "train_docs": 200},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
-        "train": {"steps": 4, "batch_size": 4, "log_every": 1, "save_every": 2, "progress": False},
+        "train": {"steps": 4, "batch_size": 4, "log_every": 1, "save_every": 2, "progress": False, "threads": 1},
         "eval": {"every": 4, "loss_batches": 1, "solve_problems": 2, "solve_batch_size": 2, "max_new_tokens": 4},
     }
 
