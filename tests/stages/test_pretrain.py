@@ -100,3 +100,10 @@ def test_collapse_alarm_silent_on_healthy_run(tmp_path):
     assert result.alarms == []
     assert not (run / "alarms.jsonl").exists()
     assert all(r[schema.EXIT_COLLAPSE] < 0.5 for r in read_metrics(run) if schema.EXIT_COLLAPSE in r)
+
+
+def test_bf16_autocast_runs(tmp_path):
+    run = tmp_path / "bf16"
+    pretrain(tiny_pretrain_recipe(run, ["train.steps=3", "train.dtype=bf16", "eval.every=3"]))
+    losses = [r[schema.LM_LOSS] for r in read_metrics(run) if schema.LM_LOSS in r]
+    assert len(losses) == 3 and all(0 < v < 10 for v in losses)
