@@ -118,8 +118,9 @@ class StageRun:
                                          recipe.eval.loss_batches) if recipe.eval.loss_batches else []
         e = recipe.eval
         self.problems = eval_problems(recipe.data, e.solve_problems) if recipe.data.is_synthetic else []
-        self.logger = MetricsLogger(self.run_dir, resume_step=self.step if resume_from is not None else None)
-        if resume_from is not None:  # alarms after the checkpoint are about to be redone
+        # resuming (even from no checkpoint: step 0) drops the records of steps about to be redone
+        self.logger = MetricsLogger(self.run_dir, resume_step=self.step if resume else None)
+        if resume:  # alarms after the checkpoint are about to be redone
             (self.run_dir / ALARMS_FILE).write_text("".join(json.dumps(a) + "\n" for a in self.alarm.fired))
         self.last_eval: dict = {}
 

@@ -107,3 +107,17 @@ def test_bf16_autocast_runs(tmp_path):
     pretrain(tiny_pretrain_recipe(run, ["train.steps=3", "train.dtype=bf16", "eval.every=3"]))
     losses = [r[schema.LM_LOSS] for r in read_metrics(run) if schema.LM_LOSS in r]
     assert len(losses) == 3 and all(0 < v < 10 for v in losses)
+
+
+def test_resume_before_first_checkpoint_starts_over_cleanly(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    pretrain(tiny_pretrain_recipe(full, ["train.steps=4", "eval.every=4"]))
+
+    def crash(step, metrics):
+        if step == 2:  # no checkpoint yet (save_every = 4)
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        pretrain(tiny_pretrain_recipe(part, ["train.steps=4", "eval.every=4"]), on_step=crash)
+    pretrain(tiny_pretrain_recipe(part, ["train.steps=4", "eval.every=4"]), resume=True)
+    assert _stable(read_metrics(part)) == _stable(read_metrics(full))
