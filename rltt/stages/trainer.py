@@ -120,7 +120,7 @@ class StageRun:
         self.problems = eval_problems(recipe.data, e.solve_problems) if recipe.data.is_synthetic else []
         # resuming (even from no checkpoint: step 0) drops the records of steps about to be redone
         self.logger = MetricsLogger(self.run_dir, resume_step=self.step if resume else None)
-        if resume:  # alarms after the checkpoint are about to be redone
+        if resume and (self.alarm.fired or (self.run_dir / ALARMS_FILE).exists()):  # drop alarms to be redone
             (self.run_dir / ALARMS_FILE).write_text("".join(json.dumps(a) + "\n" for a in self.alarm.fired))
         self.last_eval: dict = {}
 
