@@ -5,6 +5,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Triton's interpreter only works if it is on before triton is first imported (its language
+# helpers are jit'd at import); libraries imported by other tests may import triton, so the
+# whole CPU test session runs with it on (Triton cannot run natively without a GPU anyway).
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
