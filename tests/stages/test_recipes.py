@@ -20,7 +20,7 @@ def test_shipped_recipes_load():
     assert isinstance(conv, ConvertRecipe) and conv.objective.eps == 0.05
     # the GPU recipe needs a checkpoint this machine does not have: it names the key and path
     with pytest.raises(RlttError, match=r"model\.dense_path.*Qwen3-1\.7B-Base"):
-        load_stage_recipe("convert", RECIPES / "convert-qwen3.yaml")
+        load_stage_recipe("convert", RECIPES / "convert-qwen3.yaml", ["data.source=synthetic"])
 
 
 @pytest.mark.parametrize("overrides, needle", [
