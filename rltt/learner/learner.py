@@ -32,6 +32,28 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
+class _LoopTelemetry:
+    """Per-loop entropy, exit distribution and sampler–learner mismatch over a batch's micro-batches
+    (scored at the rollout weights)."""
+
+    def __init__(self):
+        self.exit_lps, self.entropies, self.exits = [], [], []
+
+    def add(self, scores) -> None:
+        self.exit_lps.append(scores.to_rows(
+            policy_logprob("exit", scores.logprobs.detach(), exit_steps=scores.exit_steps)))
+        self.entropies.append(scores.entropy.detach())
+        self.exits.append(scores.exit_probs.detach())
+
+    def metrics(self, batch: LearnerBatch) -> dict[str, float]:
+        out = {}
+        out.update(entropy_stats(torch.cat(self.entropies, 1)))
+        out.update(exit_stats(torch.cat(self.exits, 1)))
+        if batch.sampler_logprobs is not None:
+            out.update(mismatch_stats(torch.cat(self.exit_lps), batch.sampler_logprobs, batch.target_mask))
+        return out
+
+
 class Learner:
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
                  max_len: int, ref_model: torch.nn.Module | None = None):
@@ -58,28 +80,24 @@ class Learner:
 
     # -- 1. at the rollout weights ------------------------------------------------------------
     @torch.no_grad()
-    def prepare(self, batch: LearnerBatch) -> tuple[LearnerBatch, dict[str, float]]:
-        """Fill ``old_logprobs`` / ``ref_logprobs`` and measure the rollout-weight telemetry."""
-        olds, refs, exit_lps, entropies, exits = [], [], [], [], []
+    def prepare(self, batch: LearnerBatch, policy: bool = True) -> tuple[LearnerBatch, dict[str, float]]:
+        """Fill ``ref_logprobs`` and, with ``policy``, ``old_logprobs`` plus the loop telemetry
+        measured at the rollout weights. (With one update per batch the training pass itself is
+        at the rollout weights, so ``train_step`` skips the policy pass here.)"""
+        olds, refs, seen = [], [], _LoopTelemetry()
         self.model.eval()
         for mb in batch.micro_batches(self.micro):
-            scores = score_tokens(self.backend.forward_model, mb)
-            olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
-            exit_lps.append(scores.to_rows(policy_logprob("exit", scores.logprobs, exit_steps=scores.exit_steps)))
-            entropies.append(scores.entropy)
-            exits.append(scores.exit_probs)
+            if policy:
+                scores = score_tokens(self.backend.forward_model, mb)
+                olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
+                seen.add(scores)
             if self.ref_model is not None:
                 ref_scores = score_tokens(self.ref_model, mb)
                 refs.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         self.model.train()
-        batch.old_logprobs = torch.cat(olds)
+        batch.old_logprobs = torch.cat(olds) if olds else None
         batch.ref_logprobs = torch.cat(refs) if refs else None
-        metrics = {}
-        metrics.update(entropy_stats(torch.cat(entropies, 1)))
-        metrics.update(exit_stats(torch.cat(exits, 1)))
-        if batch.sampler_logprobs is not None:
-            metrics.update(mismatch_stats(torch.cat(exit_lps), batch.sampler_logprobs, batch.target_mask))
-        return batch, metrics
+        return batch, seen.metrics(batch) if policy else {}
 
     @torch.no_grad()
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
@@ -130,14 +148,19 @@ class Learner:
         if batch.size != self.batch_size:
             raise ValueError(f"learner: batch of {batch.size} sequences, configured for {self.batch_size} per rank")
         batch = batch.to(self.device)
-        batch, metrics = self.prepare(batch)
+        one_pass = self.algo.ppo_epochs == 1
+        batch, metrics = self.prepare(batch, policy=not one_pass)
         normalizer = self._normalizer(batch)
+        seen = _LoopTelemetry()
         for _ in range(self.algo.ppo_epochs):
             totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
             stats: dict[str, float] = {}
             for mb in batch.micro_batches(self.micro):
                 weight = self._weight(mb, normalizer)
-                out = rl_loss(score_tokens(self.backend.forward_model, mb), mb, self.algo, self.max_len, self.learned_logits)
+                scores = score_tokens(self.backend.forward_model, mb)
+                if one_pass:
+                    seen.add(scores)
+                out = rl_loss(scores, mb, self.algo, self.max_len, self.learned_logits)
                 self.backend.backward(out.loss * weight)
                 totals["loss"] += float(out.loss.detach()) * weight
                 totals["policy"] += float(out.policy_loss) * weight
@@ -151,6 +174,8 @@ class Learner:
                         stats[key] = stats.get(key, 0.0) + value * weight
             metrics.update(self.backend.step())
         totals = self._across_ranks(totals)
+        if one_pass:
+            metrics.update(seen.metrics(batch))
         metrics.update({
             m.LOSS_TOTAL: totals["loss"],
             m.LOSS_POLICY: totals["policy"],

@@ -46,6 +46,8 @@ def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_
     mask = scores.target_mask
     logp = scores.to_rows(chosen_logprob(scores, algo, learned_logits))
     old = batch.old_logprobs
+    if old is None:  # one update per batch: this pass is at the rollout weights
+        old = logp.detach()
     if uses_hybrid(algo, batch):
         # value = the sampler's log-prob at θ_rollout, gradient = the dense gradient
         logp = hybrid_logprob(logp, batch.sampler_logprobs, batch.old_logprobs)

@@ -88,3 +88,15 @@ def test_bad_algorithm_settings():
         AlgorithmConfig(kl_estimator="k4")
     with pytest.raises(ConfigError, match="learner.zero_stage"):
         LearnerConfig(zero_stage=4)
+
+
+def test_several_ppo_epochs_score_old_logprobs_once_and_move_the_ratio():
+    model = tiny_policy()
+    batch = synthetic_batch()
+    batch.sampler_logprobs = _sampler_logprobs(model, batch, noise=0.0)
+    learner = Learner(model, LearnerConfig(lr=5e-2, micro_batch_size=2), AlgorithmConfig(ppo_epochs=3),
+                      batch_size=4, max_len=8)
+    metrics = learner.train_step(batch)
+    # the last epoch runs at updated weights: the ratio has left 1, and the telemetry is there
+    assert metrics["policy/ratio_max"] > 1.0 or metrics["policy/ratio_min"] < 1.0
+    assert metrics["mismatch/max_abs"] < 1e-5 and "entropy/loop_1" in metrics
