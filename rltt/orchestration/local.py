@@ -19,6 +19,7 @@ import yaml
 
 from rltt.config import to_dict
 from rltt.data.rewards import RewardRunner
+from rltt.errors import RlttError
 from rltt.learner import Learner, frozen_copy
 from rltt.objectives import group_advantages, kl_penalised_rewards, select_informative_groups
 from rltt.orchestration.groups import ScoredGroups, score_rollout, solved, to_learner_batch
@@ -45,6 +46,9 @@ class LocalTrainer:
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
         self.recipe = recipe
         self.run_dir = Path(recipe.logging.run_dir)
+        if not resume and (self.run_dir / "metrics.jsonl").exists():
+            raise RlttError(f"logging.run_dir: {self.run_dir} already holds a run; pass --resume to continue it "
+                            f"or choose another logging.run_dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.seed)
         r = recipe

@@ -85,6 +85,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_cli_train_and_bad_recipes(tmp_path, capsys):
     path = write_recipe(tmp_path, **{"train.steps": 1})
     assert main(["train", str(path), "train.eval_every=0"]) == 0
+    assert main(["train", str(path), "train.eval_every=0"]) == 2  # the run dir holds a run: not overwritten
+    assert "--resume" in capsys.readouterr().err
     assert main(["train", str(path), "rollout.gruop_size=4"]) == 2
     assert "gruop_size" in capsys.readouterr().err
     assert main(["train", str(path), "learner.lr=fast"]) == 2
