@@ -94,16 +94,7 @@ def loopify(
         lora_rank=lora_rank,
     )
     model = LoopedForCausalLM(config).to(dtype=next(dense.parameters()).dtype)
-    state = dense.state_dict()
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
-    missing = [k for k in missing if k not in LOOP_ONLY and "lora_" not in k and k != "lm_head.weight"]
-    if missing or unexpected:
-        raise RlttError(f"loopify: weight names do not map (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    if config.tie_word_embeddings:
-        model.tie_weights()
+    model.load_mapped_weights(dense.state_dict(), "loopify", allowed_missing=LOOP_ONLY)
     with torch.no_grad():
         model.model.exit_gate.weight.zero_()
         model.model.exit_gate.bias.fill_(gate_bias)

@@ -188,6 +188,23 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
+    def load_mapped_weights(self, state: dict[str, torch.Tensor], source: str,
+                            allowed_missing: tuple[str, ...] = ()) -> None:
+        """Load a state dict whose names were mapped to rltt's; anything missing (besides LoRA,
+        a tied head and ``allowed_missing``) or left over is a one-line error naming ``source``."""
+        from rltt.errors import RlttError
+
+        if self.config.tie_word_embeddings:
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if "lora_" not in k and k not in allowed_missing
+                   and not (self.config.tie_word_embeddings and k == "lm_head.weight")]
+        unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
+        if missing or unexpected:
+            raise RlttError(f"{source}: weight names do not map (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if self.config.tie_word_embeddings:
+            self.tie_weights()
+
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
 

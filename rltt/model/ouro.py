@@ -82,16 +82,8 @@ def load_ouro(path: str | Path, dtype: torch.dtype | None = None, **overrides) -
         for old, new in RENAMES.items():
             key = key.replace(old, new)
         state[key] = value
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
     model = LoopedForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "lora_" not in k and not (config.tie_word_embeddings and k == "lm_head.weight")]
-    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
-    if missing or unexpected:
-        raise RlttError(f"load_ouro: weight names do not map (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    if config.tie_word_embeddings:
-        model.tie_weights()
+    model.load_mapped_weights(state, "load_ouro")
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()

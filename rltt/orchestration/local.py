@@ -27,7 +27,7 @@ from rltt.orchestration.policy import evaluate, load_policy, resolve_model_path,
 from rltt.orchestration.prompts import PromptStream, eval_tasks
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
-from rltt.stages.checkpoint import atomic_dir, rng_state, set_rng_state, write_model_dir
+from rltt.stages.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, rng_state, set_rng_state, write_model_dir
 from rltt.telemetry import MetricsLogger, Timer, peak_memory_gb
 from rltt.telemetry import schema as m
 
@@ -51,6 +51,8 @@ class LocalTrainer:
                             f"or choose another logging.run_dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.seed)
+        if recipe.train.threads:
+            torch.set_num_threads(recipe.train.threads)
         r = recipe
         self.model_path = resolve_model_path(r.model.path)
         self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
@@ -176,7 +178,7 @@ class LocalTrainer:
             self.learner.backend.save(tmp)
             torch.save(state, tmp / STATE_FILE)
 
-        return atomic_dir(self.run_dir / "checkpoints" / f"step-{self.step:07d}", write)
+        return atomic_dir(checkpoint_dir(self.run_dir, self.step), write)
 
     def learner_model(self):
         from rltt.learner import unwrap
@@ -184,7 +186,7 @@ class LocalTrainer:
         return unwrap(self.learner.model)
 
     def _resume(self) -> None:
-        ckpt = latest_checkpoint_rl(self.run_dir)
+        ckpt = latest_checkpoint(self.run_dir, STATE_FILE)
         if ckpt is None:
             return
         state = torch.load(ckpt / STATE_FILE, weights_only=False)
@@ -237,8 +239,3 @@ class LocalTrainer:
             maybe_review(self.run_dir, self.step, 0, final=True)
         return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
 
-
-def latest_checkpoint_rl(run_dir: Path) -> Path | None:
-    root = Path(run_dir) / "checkpoints"
-    found = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
-    return found[-1] if found else None

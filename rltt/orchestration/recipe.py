@@ -97,8 +97,11 @@ class TrainSection:
     eval_every: int = 10
     eval_samples: int = 1
     eval_temperature: float = 1.0
+    threads: int = 0  # torch CPU threads (0 = torch's default)
 
     def validate(self) -> None:
+        if self.threads < 0:
+            raise recipe_error("train.threads", f"must be >= 0, got {self.threads}")
         if self.steps < 1:
             raise recipe_error("train.steps", f"must be >= 1, got {self.steps}")
 

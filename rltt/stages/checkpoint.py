@@ -27,21 +27,21 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step-{step:07d}"
 
 
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first."""
+def list_checkpoints(run_dir: str | Path, state_file: str = STATE_FILE) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run (those holding ``state_file``), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     found = []
     for path in root.iterdir():
         m = _STEP_DIR.match(path.name)
-        if m and (path / STATE_FILE).is_file():
+        if m and (path / state_file).is_file():
             found.append((int(m.group(1)), path))
     return sorted(found)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
+def latest_checkpoint(run_dir: str | Path, state_file: str = STATE_FILE) -> Path | None:
+    found = list_checkpoints(run_dir, state_file)
     return found[-1][1] if found else None
 
 
