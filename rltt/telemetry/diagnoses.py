@@ -41,6 +41,11 @@ LR_SUGGESTED = 1e-5
 #: Median grad_norm/total at or below this counts as a small gradient.
 GRAD_NORM_SMALL = 1e-2
 
+#: Policy drifting too fast: median kl/ref over the late window above this (nats/token;
+#: the quickstart collapsed at lr 1e-3 with KL > 2 and learned at lr 1e-4 with KL ≈ 0.1) ...
+KL_DRIFT_MAX = 1.0
+#: ... critical when the reward's late median also fell below its early median by this much.
+REWARD_DROP_MIN = 0.05
 #: Uniform groups: median groups/uniform_frac over the late window above this → warning ...
 UNIFORM_GROUPS_WARN = 0.5
 #: ... above this → critical (almost no group carries an advantage).
@@ -271,6 +276,34 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
                f"after {len(kl)} logged steps.")
 
 
+def check_policy_drift(run: RunData) -> Diagnosis | None:
+    """KL to the reference keeps growing past ~1 nat/token: the updates are too large, and the
+    policy usually falls apart (entropy and lengths up, reward down)."""
+    steps, kl = run.series(schema.KL_REF)
+    if len(kl) < MIN_POINTS * 2:
+        return None
+    ws, wk = late_window(steps, kl)
+    med = float(np.median(wk))
+    if med <= KL_DRIFT_MAX:
+        return None
+    evidence = [Evidence(schema.KL_REF, _span(ws), "median", med, ">", KL_DRIFT_MAX)]
+    severity = Severity.WARNING
+    r_steps, reward = run.series(schema.REWARD_MEAN)
+    if len(reward) >= MIN_POINTS * 2:
+        k = max(MIN_POINTS, len(reward) // 4)
+        early, late = float(np.median(reward[:k])), float(np.median(late_window(r_steps, reward)[1]))
+        if early - late >= REWARD_DROP_MIN:
+            evidence.append(Evidence(schema.REWARD_MEAN, _span(late_window(r_steps, reward)[0]), "median",
+                                     late, "<", early - REWARD_DROP_MIN))
+            severity = Severity.CRITICAL
+    return Diagnosis(
+        "policy_drift", severity, "Policy is drifting too far from the reference", tuple(evidence),
+        "lower the learning rate (÷3–10), or add a KL penalty (algorithm.kl_coef) / tighter clipping; "
+        "the quickstart collapsed at lr 1e-3 (KL > 2) and gained +14 points at lr 1e-4 (KL ≈ 0.1)",
+        detail=f"KL to the reference is above {KL_DRIFT_MAX:g} nats/token late in the run"
+               + (" and the reward fell." if severity is Severity.CRITICAL else "."))
+
+
 def check_uniform_groups(run: RunData) -> Diagnosis | None:
     """Many groups have all-equal rewards: zero group-relative advantage, no learning signal."""
     steps, frac = run.series(schema.GROUPS_UNIFORM_FRAC)
@@ -484,6 +517,7 @@ def check_entropy_collapse(run: RunData) -> Diagnosis | None:
 CHECKS: tuple[Check, ...] = (
     Check("non_finite", "NaN/inf in the training signal", FINITE_KEYS, check_non_finite),
     Check("policy_not_moving", "policy not moving", (schema.KL_REF,), check_policy_not_moving),
+    Check("policy_drift", "policy drifting too far", (schema.KL_REF,), check_policy_drift),
     Check("uniform_groups", "uniform groups", (schema.GROUPS_UNIFORM_FRAC,), check_uniform_groups),
     Check("exit_gate_collapse", "exit-gate collapse", (schema.EXIT_P, schema.EXIT_COLLAPSE),
           check_exit_collapse),

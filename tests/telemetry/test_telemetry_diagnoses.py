@@ -203,3 +203,16 @@ def test_severity_order_and_describe():
     assert [d.id for d in found] == ["non_finite", "reward_errors"]
     text = found[1].describe()
     assert "[warning]" in text and "reward/errors" in text and "action:" in text
+
+
+def test_policy_drift_with_a_falling_reward_is_critical():
+    records = mutate(healthy_records(), 20, kl__ref=lambda i, r: 0.1 * i, reward__mean=0.05)
+    d = only(records, "policy_drift")
+    assert d.severity is dx.Severity.CRITICAL
+    assert [e.metric for e in d.evidence] == ["kl/ref", "reward/mean"]
+    assert "lower the learning rate" in d.action
+
+
+def test_moderate_kl_is_not_drift():
+    records = mutate(healthy_records(), 0, kl__ref=0.2)
+    assert "policy_drift" not in ids(records)
