@@ -1,0 +1,35 @@
+"""``rltt bench NAME [ARGS ...]``: run one of the benchmark scripts in ``bench/`` (a source checkout).
+
+Each benchmark measures against a baseline in the same run and prints ratios; ``--write``
+(where a script supports it) records the figures in ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from rltt.errors import RlttError
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in BENCH_DIR.glob("*.py")) if BENCH_DIR.is_dir() else []
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark from bench/ (logprobs, rollout, stability, trl_compare)")
+    parser.add_argument("name", help="benchmark name: " + (", ".join(available()) or "(no bench/ directory)"))
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark script")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    script = BENCH_DIR / f"{args.name}.py"
+    if not script.is_file():
+        names = ", ".join(available()) or f"none: {BENCH_DIR} does not exist (benchmarks need a source checkout)"
+        raise RlttError(f"bench: unknown benchmark {args.name!r} (available: {names})")
+    return subprocess.call([sys.executable, str(script), *args.args], cwd=BENCH_DIR.parent)
