@@ -80,8 +80,9 @@ class RolloutSection:
     stop_strings: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
-        if self.engine not in ("native", "vllm"):
-            raise recipe_error("rollout.engine", f"must be native | vllm, got {self.engine!r}")
+        if self.engine != "native":
+            raise recipe_error("rollout.engine", f"only the native engine is available (the vLLM worker is not built "
+                                                 f"yet), got {self.engine!r}")
         if self.schedule not in SCHEDULES:
             raise recipe_error("rollout.schedule", f"must be one of {' | '.join(SCHEDULES)}, got {self.schedule!r}")
         for key in ("prompts_per_step", "group_size", "max_new_tokens"):
@@ -138,8 +139,6 @@ class TrainRecipe:
     def validate(self) -> None:
         if not self.rewards:
             raise recipe_error("rewards", "needs at least one reward function")
-        if self.rollout.engine == "vllm" and self.learner.backend == "torch" and self.model.path == "quickstart":
-            pass  # allowed: the vLLM worker serves the quickstart model too
 
     @property
     def batch_size(self) -> int:
