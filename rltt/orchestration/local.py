@@ -21,7 +21,7 @@ from rltt.config import to_dict
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import Learner, frozen_copy
-from rltt.objectives import group_advantages, kl_penalised_rewards, select_informative_groups
+from rltt.objectives import group_advantages, select_informative_groups
 from rltt.orchestration.groups import ScoredGroups, score_rollout, solved, to_learner_batch
 from rltt.orchestration.policy import evaluate, load_policy, resolve_model_path, stop_ids
 from rltt.orchestration.prompts import PromptStream, eval_tasks

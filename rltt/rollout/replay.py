@@ -20,8 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from rltt.errors import RlttError
-from rltt.kernels import per_loop_logprobs
-from rltt.model.exits import exit_distribution
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.objectives.logprob import hybrid_logprob
 from rltt.rollout.batch import RolloutBatch
@@ -92,21 +90,20 @@ def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: f
     (schedule replay: the learner never re-decides exits)."""
     ids, mask, start = batch.padded_sequences()
     device = model.lm_head.weight.device
-    ids, mask = ids.to(device), mask.to(device)
-    step_hidden, gate_probs = model.model(ids, attention_mask=mask, past_key_values=None)
-    T, R, S, d = step_hidden.shape
-    C = batch.completion_ids.shape[1]
-    # the state at position P − 1 + c produces completion token c
-    index = (start[:, None] - 1 + torch.arange(C)[None, :]).clamp_max(S - 1).to(device)  # (R, C)
-    hidden = step_hidden.gather(2, index[None, :, :, None].expand(T, R, C, d))
-    gates = gate_probs.gather(2, index[None].expand(T, R, C))
     cmask = batch.completion_mask.to(device)
-    out = per_loop_logprobs(hidden.reshape(T, R * C, d), model.lm_head.weight, batch.completion_ids.to(device).reshape(-1),
-                            temperature=temperature, mask=cmask.reshape(-1))
-    per_loop = out.logprobs.view(T, R, C)
+    # the model's score mode (the learner's path): completion token c of row r sits at start[r] + c
+    positions = start[:, None] + torch.arange(cmask.shape[1])[None, :]
+    score_mask = torch.zeros(ids.shape, dtype=torch.bool)
+    score_mask.scatter_(1, positions.clamp_max(ids.shape[1] - 1), batch.completion_mask)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), score_mask=score_mask.to(device),
+                temperature=temperature, use_cache=False)
+    T = out.token_logprobs.shape[0]
+    per_loop = out.token_logprobs.new_zeros((T, *cmask.shape)).masked_scatter(cmask[None].expand(T, -1, -1),
+                                                                              out.token_logprobs)
+    exit_probs = out.token_exit_probs.new_zeros((T, *cmask.shape)).masked_scatter(
+        cmask[None].expand(T, -1, -1), out.token_exit_probs)
     steps = batch.exit_steps.to(device).clamp_min(1)
     exit_lp = per_loop.gather(0, (steps - 1)[None])[0].masked_fill(~cmask, 0.0)
-    exit_probs = exit_distribution(gates).masked_fill(~cmask[None], 0.0)
     return DenseLogprobs(per_loop, exit_probs, exit_lp)
 
 

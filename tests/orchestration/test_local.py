@@ -1,6 +1,5 @@
 """`rltt train` end to end on a tiny model: metrics, parameter change, resume, bad recipes."""
 
-import json
 
 import pytest
 import torch
@@ -96,3 +95,19 @@ def test_cli_train_and_bad_recipes(tmp_path, capsys):
     assert main(["train", str(path), "rewards=[{fn: 'rewards/gsm8k.py:nope'}]"]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.kl_in=reward", "algorithm.kl_coef=0.1"],
+    ["algorithm.dynamic_sampling=true", "algorithm.max_refills=1"],
+    ["algorithm.policy_logprob=rltt", "algorithm.omega=progressive", "rollout.schedule=dense",
+     "rollout.exit_policy=sample"],
+])
+def test_algorithm_variants_run(tmp_path, overrides):
+    path = write_recipe(tmp_path)
+    trainer = LocalTrainer(load_train_recipe(path, ["train.steps=2", "train.eval_every=0", *overrides]),
+                           recipe_root=tmp_path)
+    assert trainer.run().steps == 2
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("loss/total" in r and "kl/ref" in r for r in records)
