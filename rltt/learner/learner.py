@@ -113,35 +113,37 @@ class Learner:
         per_token = kl_estimate(torch.cat(current), torch.cat(ref), self.algo.kl_estimator)
         return (per_token * batch.target_mask).sum(-1)
 
+    def _data_parallel_world(self) -> int:
+        """Ranks averaging gradients: DeepSpeed's process group; 1 for the torch backend."""
+        if self.cfg.backend == "deepspeed" and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size()
+        return 1
+
+    def _size(self, batch: LearnerBatch) -> float:
+        """What the aggregation averages over: tokens (token_mean) or sequences."""
+        return float(batch.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(batch.size)
+
     def _normalizer(self, batch: LearnerBatch) -> float:
-        """Tokens (token_mean) or sequences in the global batch, across data-parallel ranks, over
-        the world size: DeepSpeed averages gradients across ranks, so a micro-batch's weight is
-        its share of the global batch times the world size."""
-        local = float(batch.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(batch.size)
-        world = 1
-        data_parallel = self.cfg.backend == "deepspeed"
-        if data_parallel and torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world > 1:
-                total = torch.tensor([local], dtype=torch.float64)
-                torch.distributed.all_reduce(total)
-                local = float(total)
+        """The global batch's size (across data-parallel ranks) over the world size: DeepSpeed
+        averages gradients across ranks, so a micro-batch's weight is its share of the global
+        batch times the world size."""
+        local, world = self._size(batch), self._data_parallel_world()
+        if world > 1:
+            total = torch.tensor([local], dtype=torch.float64)
+            torch.distributed.all_reduce(total)
+            local = float(total)
         return max(local, 1.0) / world
 
     def _across_ranks(self, totals: dict[str, float]) -> dict[str, float]:
         """Batch-level loss values: each rank's weighted sum is its share × world, so the mean over
         ranks is the global value (identity in one process)."""
-        if not (self.cfg.backend == "deepspeed" and torch.distributed.is_initialized()
-                and torch.distributed.get_world_size() > 1):
+        world = self._data_parallel_world()
+        if world == 1:
             return totals
         values = torch.tensor(list(totals.values()), dtype=torch.float64)
         torch.distributed.all_reduce(values)
-        values /= torch.distributed.get_world_size()
+        values /= world
         return dict(zip(totals, values.tolist()))
-
-    def _weight(self, mb: LearnerBatch, normalizer: float) -> float:
-        part = float(mb.target_mask.sum()) if self.algo.aggregation == "token_mean" else float(mb.size)
-        return part / normalizer
 
     # -- 2. the updates -------------------------------------------------------------------
     def train_step(self, batch: LearnerBatch) -> dict[str, float]:
@@ -156,7 +158,7 @@ class Learner:
             totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
             stats: dict[str, float] = {}
             for mb in batch.micro_batches(self.micro):
-                weight = self._weight(mb, normalizer)
+                weight = self._size(mb) / normalizer
                 scores = score_tokens(self.backend.forward_model, mb)
                 if one_pass:
                     seen.add(scores)
