@@ -69,7 +69,12 @@ class AlgorithmConfig:
 
 @dataclass
 class LearnerConfig:
-    """Optimisation: ``backend`` torch (plain PyTorch AdamW) or deepspeed (ZeRO ``zero_stage``)."""
+    """Optimisation: ``backend`` torch (plain PyTorch AdamW) or deepspeed (ZeRO ``zero_stage``).
+
+    ``pack_sequences``: score each micro-batch as one packed sequence — every distinct prompt
+    once (not once per completion) and no padding (`rltt.model.packing`); the same function as
+    the padded forward, to floating-point rounding. ``false`` runs the padded forward.
+    """
 
     backend: str = "torch"
     zero_stage: int = 0
@@ -80,6 +85,7 @@ class LearnerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
     micro_batch_size: int = 8
+    pack_sequences: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -74,6 +74,9 @@ class Learner:
         if self.ref_model is not None:
             self.ref_model.to(next(self.model.parameters()).dtype)
 
+    def _score(self, model: torch.nn.Module, mb: LearnerBatch):
+        return score_tokens(model, mb, pack=self.cfg.pack_sequences)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -88,11 +91,11 @@ class Learner:
         self.model.eval()
         for mb in batch.micro_batches(self.micro):
             if policy:
-                scores = score_tokens(self.backend.forward_model, mb)
+                scores = self._score(self.backend.forward_model, mb)
                 olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
                 seen.add(scores)
             if self.ref_model is not None:
-                ref_scores = score_tokens(self.ref_model, mb)
+                ref_scores = self._score(self.ref_model, mb)
                 refs.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         self.model.train()
         batch.old_logprobs = torch.cat(olds) if olds else None
@@ -107,7 +110,7 @@ class Learner:
         batch = batch.to(self.device)
         current, ref = [], []
         for mb in batch.micro_batches(self.micro):
-            scores, ref_scores = score_tokens(self.backend.forward_model, mb), score_tokens(self.ref_model, mb)
+            scores, ref_scores = self._score(self.backend.forward_model, mb), self._score(self.ref_model, mb)
             current.append(scores.to_rows(kl_logprob(scores, self.algo, self.learned_logits)))
             ref.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         per_token = kl_estimate(torch.cat(current), torch.cat(ref), self.algo.kl_estimator)
@@ -159,7 +162,7 @@ class Learner:
             stats: dict[str, float] = {}
             for mb in batch.micro_batches(self.micro):
                 weight = self._size(mb) / normalizer
-                scores = score_tokens(self.backend.forward_model, mb)
+                scores = self._score(self.backend.forward_model, mb)
                 if one_pass:
                     seen.add(scores)
                 out = rl_loss(scores, mb, self.algo, self.max_len, self.learned_logits)

@@ -37,11 +37,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def score_tokens(model: torch.nn.Module, batch: LearnerBatch) -> LoopScores:
+def score_tokens(model: torch.nn.Module, batch: LearnerBatch, pack: bool = False) -> LoopScores:
     """Per-loop log-probs (at the batch temperature), entropies and exit probabilities of the
     completion tokens of ``batch``. ``model`` may be wrapped (DeepSpeed engine): the call goes
-    through its forward, in the model's score mode."""
+    through its forward, in the model's score mode. ``pack``: the prefix-shared, unpadded
+    score forward (`rltt.model.packing`)."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, score_mask=batch.target_mask,
-                temperature=batch.temperature, use_cache=False)
+                temperature=batch.temperature, use_cache=False, pack=pack)
     mask = batch.target_mask.bool()
     return LoopScores(out.token_logprobs, out.token_entropy, out.token_exit_probs, batch.exit_steps[mask], mask)

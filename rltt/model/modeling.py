@@ -27,6 +27,7 @@ from rltt.model.cache import LoopCache, attention_mask_for, ensure_slots
 from rltt.model.config import LoopConfig
 from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.model.layers import Attend, LoopLayer, RMSNorm, RotaryEmbedding, Step, StepLinear, sdpa
+from rltt.model.packing import PackedAttend, PackedLayout
 
 
 @dataclass
@@ -173,6 +174,22 @@ class LoopedModel(LoopedPreTrainedModel):
         step_hidden = torch.stack(hidden)
         return step_hidden, self.gate(step_hidden)
 
+    def packed(self, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over a packed sequence (`rltt.model.packing`): returns step_hidden
+        (T, N, d) and gate_probs (T, N) of its N tokens."""
+        cfg = self.config
+        e = self.embed_tokens(layout.input_ids)[None]  # (1, N, d)
+        cos, sin = self.rotary_emb(layout.positions[None], e.dtype)
+        attend = PackedAttend(layout, cfg.head_dim**-0.5)
+        hidden, carry = [], e
+        for t in range(1, cfg.num_loops + 1):
+            s = self.block(self.inject(e, carry, t), cos, sin, attend, t)
+            h = self.final_norm(s)
+            hidden.append(h[0])
+            carry = self.carry(s, h)
+        step_hidden = torch.stack(hidden)
+        return step_hidden, self.gate(step_hidden)
+
 
 class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
     """A looped LM: `LoopedModel` + LM head, with per-step logits, exits and `generate()`."""
@@ -227,10 +244,11 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         generator: torch.Generator | None = None,
         score_mask: torch.Tensor | None = None,
         temperature: float = 1.0,
+        pack: bool = False,
         **kwargs,
     ) -> LoopOutput:
         if score_mask is not None:
-            return self.score(input_ids, attention_mask, score_mask, temperature)
+            return self.score(input_ids, attention_mask, score_mask, temperature, pack)
         cfg = self.config
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache:
@@ -266,17 +284,30 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
             step_logits=self.lm_head(kept_hidden) if output_step_logits else None,
         )
 
-    def score(self, input_ids, attention_mask, score_mask: torch.Tensor, temperature: float = 1.0) -> LoopOutput:
+    def score(self, input_ids, attention_mask, score_mask: torch.Tensor, temperature: float = 1.0,
+              pack: bool = False) -> LoopOutput:
         """Score mode (``forward(..., score_mask=M)``): per-loop log-probs ``log P^(t)(x_j)`` and
         entropies of the tokens at positions where ``M`` (B, S) is true, for all T loops, through
         `rltt.kernels` (no (T, N, V) logits), plus the exit distribution of the state that produced
-        each of them (position j − 1). Going through ``forward`` keeps wrappers (DeepSpeed) in charge."""
+        each of them (position j − 1). Going through ``forward`` keeps wrappers (DeepSpeed) in charge.
+
+        ``pack=True`` (right-padded batches) computes each distinct prefix — the positions before
+        a row's first scored token, e.g. the prompt shared by a group's G completions — once, and
+        no padding (`rltt.model.packing`); the result is the same function, and ``gate_probs``
+        (B, S-shaped) is then not returned."""
         mask = score_mask.bool()
         if mask[:, 0].any():
             raise ValueError("score_mask: position 0 cannot be scored (it has no context)")
-        step_hidden, gate_probs = self.model(input_ids, attention_mask)
         predicts = mask[:, 1:]  # the state at position i produced the token at i + 1
-        logprobs, entropy = self.lm_head(step_hidden[:, :, :-1][:, predicts], targets=input_ids[:, 1:][predicts],
-                                         temperature=temperature)
+        targets = input_ids[:, 1:][predicts]
+        layout = PackedLayout.build(input_ids, attention_mask, mask) if pack else None
+        if layout is not None:
+            step_hidden, gate_probs = self.model.packed(layout)  # (T, N, d), (T, N)
+            source = layout.packed_of[:, :-1][predicts]
+            hidden, gates, gate_probs = step_hidden[:, source], gate_probs[:, source], None
+        else:
+            step_hidden, gate_probs = self.model(input_ids, attention_mask)
+            hidden, gates = step_hidden[:, :, :-1][:, predicts], gate_probs[:, :, :-1][:, predicts]
+        logprobs, entropy = self.lm_head(hidden, targets=targets, temperature=temperature)
         return LoopOutput(gate_probs=gate_probs, token_logprobs=logprobs, token_entropy=entropy,
-                          token_exit_probs=exit_distribution(gate_probs[:, :, :-1][:, predicts]))
+                          token_exit_probs=exit_distribution(gates))

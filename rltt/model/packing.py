@@ -1,0 +1,159 @@
+"""Prefix-shared, unpadded score mode: each distinct prompt is computed once per call.
+
+An RL batch holds G completions of every prompt. The padded score forward runs every row's
+prompt again (G times) and every row up to the longest row (padding). `PackedLayout` instead
+lays the call's tokens out once each — the distinct prefixes (positions before a row's first
+scored token), then every row's own suffix — as one packed sequence of N tokens. Projections,
+MLPs, norms and the exit gate run over those N tokens only; attention runs in two padded
+parts with masks:
+
+- prefix part, one row per distinct prefix: causal over the prefix;
+- suffix part, one row per sequence: keys are the row's prefix (shared, gathered from the
+  prefix tokens) followed by the row's own suffix, causal.
+
+It is the same function as the padded forward (every position sees exactly the keys it sees
+there, at the same RoPE positions), so log-probs agree to floating-point rounding and
+gradients flow to the shared prefix from all the rows that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rltt.model.layers import sdpa
+
+
+@dataclass
+class _Part:
+    q_idx: torch.Tensor  # (R, Wq) packed index of each query slot (N = padding)
+    k_idx: torch.Tensor  # (R, Wk) packed index of each key slot (N = padding)
+    mask: torch.Tensor  # (R, 1, Wq, Wk) bool, True = attend
+
+
+@dataclass
+class PackedLayout:
+    """Where the tokens of a right-padded (B, S) batch sit in the packed sequence."""
+
+    input_ids: torch.Tensor  # (N,) packed token ids
+    positions: torch.Tensor  # (N,) RoPE positions
+    packed_of: torch.Tensor  # (B, S) packed index of each (row, position); N at padding
+    parts: tuple[_Part, _Part]  # prefix part, suffix part
+    back_idx: torch.Tensor  # (N,) row of each packed token in cat(prefix out, suffix out) flattened
+    num_prefixes: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @staticmethod
+    def build(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+              score_mask: torch.Tensor) -> "PackedLayout | None":
+        """The layout, or None when the batch is not right-padded (the caller then runs the
+        padded forward)."""
+        device = input_ids.device
+        B, S = input_ids.shape
+        if attention_mask is None:
+            lengths = torch.full((B,), S, dtype=torch.long)
+        else:
+            am = attention_mask.bool().cpu()
+            lengths = am.sum(-1)
+            if not torch.equal(am, torch.arange(S)[None, :] < lengths[:, None]):
+                return None
+        if B == 0 or bool((lengths == 0).any()):
+            return None
+        scored = score_mask.bool().cpu()
+        ids_cpu = input_ids.cpu()
+        any_scored = scored.any(-1)
+        first = torch.where(any_scored, scored.int().argmax(-1), lengths)
+        prefix_len = torch.minimum(first, lengths).clamp_min(1)  # position 0 is never scored
+        suffix_len = lengths - prefix_len
+
+        # distinct prefixes, in order of first appearance
+        keys: dict[tuple, int] = {}
+        owner = []
+        for b in range(B):
+            owner.append(keys.setdefault(tuple(ids_cpu[b, : prefix_len[b]].tolist()), len(keys)))
+        U = len(keys)
+        owner_t = torch.tensor(owner)
+        rep = torch.zeros(U, dtype=torch.long)
+        rep[owner_t.flip(0)] = torch.arange(B).flip(0)  # first row of each prefix
+        p_u = prefix_len[rep]
+        prefix_base = torch.cumsum(p_u, 0) - p_u
+        n_prefix = int(p_u.sum())
+        suffix_base = n_prefix + torch.cumsum(suffix_len, 0) - suffix_len
+        N = n_prefix + int(suffix_len.sum())
+
+        pos = torch.arange(S)[None, :]
+        in_prefix = pos < prefix_len[:, None]
+        valid = pos < lengths[:, None]
+        packed_of = torch.where(in_prefix, prefix_base[owner_t][:, None] + pos,
+                                suffix_base[:, None] + pos - prefix_len[:, None])
+        packed_of = torch.where(valid, packed_of, torch.full_like(packed_of, N))
+
+        flat_ids = torch.zeros(N + 1, dtype=torch.long)
+        flat_pos = torch.zeros(N + 1, dtype=torch.long)
+        # every valid (row, position) writes its token/position; shared prefix slots get equal values
+        flat_ids[packed_of[valid]] = ids_cpu[valid]
+        flat_pos[packed_of[valid]] = pos.expand(B, S)[valid]
+
+        Pmax = int(p_u.max())
+        j = torch.arange(Pmax)
+        pre_q = torch.where(j[None, :] < p_u[:, None], prefix_base[:, None] + j[None, :], torch.full((U, Pmax), N))
+        qj, ki = j[:, None], j[None, :]
+        pre_valid_q = (qj[None] < p_u[:, None, None])
+        pre_mask = torch.where(pre_valid_q, ki[None] <= qj[None], (ki == 0)[None].expand(U, Pmax, Pmax))
+
+        Cmax = max(int(suffix_len.max()), 1)
+        c = torch.arange(Cmax)
+        suf_q = torch.where(c[None, :] < suffix_len[:, None], suffix_base[:, None] + c[None, :],
+                            torch.full((B, Cmax), N))
+        own_prefix = pre_q[owner_t]  # (B, Pmax)
+        own_prefix = torch.where(j[None, :] < prefix_len[:, None], own_prefix, torch.full_like(own_prefix, N))
+        suf_k = torch.cat([own_prefix, suf_q], 1)  # (B, Pmax + Cmax)
+        valid_q = c[None, :, None] < suffix_len[:, None, None]  # (B, Cmax, 1)
+        key_pre = j[None, None, :] < prefix_len[:, None, None]  # (B, 1, Pmax)
+        key_suf = c[None, None, :] <= c[None, :, None]  # (1, Cmax, Cmax)
+        attend = torch.cat([key_pre.expand(B, Cmax, Pmax), key_suf.expand(B, Cmax, Cmax)], -1)
+        first_key = torch.zeros(Pmax + Cmax, dtype=torch.bool)
+        first_key[0] = True
+        suf_mask = torch.where(valid_q, attend, first_key[None, None, :])
+
+        back = torch.zeros(N, dtype=torch.long)
+        pv = pre_q < N
+        back[pre_q[pv]] = torch.arange(U * Pmax).view(U, Pmax)[pv]
+        sv = suf_q < N
+        back[suf_q[sv]] = U * Pmax + torch.arange(B * Cmax).view(B, Cmax)[sv]
+
+        def dev(t):
+            return t.to(device)
+
+        return PackedLayout(
+            input_ids=dev(flat_ids[:N]), positions=dev(flat_pos[:N]), packed_of=dev(packed_of),
+            parts=(_Part(dev(pre_q), dev(pre_q), dev(pre_mask[:, None])),
+                   _Part(dev(suf_q), dev(suf_k), dev(suf_mask[:, None]))),
+            back_idx=dev(back), num_prefixes=U,
+        )
+
+
+class PackedAttend:
+    """``attend(q, k, v, layer)`` over a packed sequence: q (1, Hq, N, D), k/v (1, Hkv, N, D)."""
+
+    def __init__(self, layout: PackedLayout, scale: float):
+        self.layout, self.scale = layout, scale
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        def flat(x):  # (1, H, N, D) → (N + 1, H, D) with a zero row for padding slots
+            x = x[0].transpose(0, 1)
+            return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+
+        qf, kf, vf = flat(q), flat(k), flat(v)
+        outs = []
+        for part in self.layout.parts:
+            Q = qf[part.q_idx].transpose(1, 2)  # (R, Hq, Wq, D)
+            K, V = kf[part.k_idx].transpose(1, 2), vf[part.k_idx].transpose(1, 2)
+            out = sdpa(Q, K, V, part.mask, False, self.scale)  # (R, Hq, Wq, D)
+            outs.append(out.transpose(1, 2).flatten(0, 1))  # (R·Wq, Hq, D)
+        out = torch.cat(outs)[self.layout.back_idx]  # (N, Hq, D)
+        return out.transpose(0, 1)[None]

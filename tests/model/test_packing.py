@@ -1,0 +1,113 @@
+"""Prefix-shared, unpadded score mode equals the padded score mode (values and gradients)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rltt.model.packing import PackedLayout
+
+from .helpers import tiny_model
+
+
+def grouped_batch(seed: int, prompt_lengths, group: int, max_completion: int, vocab: int = 97):
+    """Rows of G completions per prompt, right-padded; the completion tokens are scored."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for p in prompt_lengths:
+        prompt = torch.randint(1, vocab, (p,), generator=gen)
+        for _ in range(group):
+            c = int(torch.randint(0, max_completion + 1, (), generator=gen))
+            rows.append((prompt, torch.randint(1, vocab, (c,), generator=gen)))
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    score = torch.zeros(ids.shape, dtype=torch.bool)
+    for r, (p, c) in enumerate(rows):
+        ids[r, : len(p) + len(c)] = torch.cat([p, c])
+        attention[r, : len(p) + len(c)] = 1
+        score[r, len(p): len(p) + len(c)] = True
+    return ids, attention, score
+
+
+def score_and_grads(model, ids, attention, score, pack: bool):
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=attention, score_mask=score, temperature=0.7, pack=pack)
+    weights = torch.linspace(0.5, 1.5, out.token_logprobs.numel()).view_as(out.token_logprobs)
+    loss = (out.token_logprobs * weights).sum() + 0.3 * out.token_entropy.sum() + out.token_exit_probs[0].sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def assert_same_function(model, ids, attention, score):
+    padded, g_padded = score_and_grads(model, ids, attention, score, pack=False)
+    packed, g_packed = score_and_grads(model, ids, attention, score, pack=True)
+    for key in ("token_logprobs", "token_entropy", "token_exit_probs"):
+        torch.testing.assert_close(getattr(packed, key), getattr(padded, key), rtol=1e-5, atol=2e-5)
+    assert g_packed.keys() == g_padded.keys()
+    for name in g_padded:
+        scale = float(g_padded[name].abs().max()) + 1.0  # gradients reach O(100): compare relative to their size
+        assert float((g_packed[name] - g_padded[name]).abs().max()) <= 2e-5 * scale, name
+
+
+@pytest.mark.parametrize("variant", [
+    {},
+    {"injection": "scalar", "carry_normed_state": False},
+    {"norm_placement": "ouro", "num_key_value_heads": 4},
+    {"lora_rank": 2, "lora_targets": ["q_proj", "down_proj"]},
+])
+def test_packed_scoring_equals_padded_scoring(variant):
+    torch.manual_seed(0)
+    model = tiny_model(**variant).train()
+    if variant.get("lora_rank"):
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.1)
+    assert_same_function(model, *grouped_batch(0, [5, 9, 3], group=4, max_completion=12))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), prompts=st.lists(st.integers(1, 10), min_size=1, max_size=4),
+       group=st.integers(1, 4), max_completion=st.integers(0, 9))
+def test_packed_scoring_equals_padded_on_random_shapes(seed, prompts, group, max_completion):
+    torch.manual_seed(seed)
+    model = tiny_model(num_loops=2)
+    ids, attention, score = grouped_batch(seed, prompts, group, max_completion)
+    if not score.any():
+        return
+    assert_same_function(model, ids, attention, score)
+
+
+def test_layout_shares_each_prompt_once_and_drops_padding():
+    ids, attention, score = grouped_batch(1, [6, 4], group=3, max_completion=5)
+    layout = PackedLayout.build(ids, attention, score)
+    assert layout.num_prefixes == 2
+    lengths = attention.sum(-1)
+    completions = score.sum(-1)
+    assert layout.num_tokens == 6 + 4 + int(completions.sum())
+    assert layout.num_tokens < int(lengths.sum()) <= ids.numel()
+    # every valid (row, position) maps to a packed token with its id and position
+    valid = attention.bool()
+    assert torch.equal(layout.input_ids[layout.packed_of[valid]], ids[valid])
+    assert torch.equal(layout.positions[layout.packed_of[valid]], torch.arange(ids.shape[1]).expand_as(ids)[valid])
+
+
+def test_rows_whose_prompts_match_but_split_differently_are_not_merged():
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
+    score = torch.tensor([[False, False, True, True], [False, False, False, True]])
+    layout = PackedLayout.build(ids, torch.ones_like(ids), score)
+    assert layout.num_prefixes == 2
+    model = tiny_model()
+    assert_same_function(model, ids, torch.ones_like(ids), score)
+
+
+def test_left_padded_batches_fall_back_to_the_padded_forward():
+    ids = torch.tensor([[0, 5, 6, 7], [4, 5, 6, 7]])
+    attention = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    score = torch.tensor([[False, False, True, True], [False, False, True, True]])
+    assert PackedLayout.build(ids, attention, score) is None
+    model = tiny_model()
+    out = model(input_ids=ids, attention_mask=attention, score_mask=score, pack=True)
+    ref = model(input_ids=ids, attention_mask=attention, score_mask=score, pack=False)
+    assert torch.equal(out.token_logprobs, ref.token_logprobs)
