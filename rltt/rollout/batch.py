@@ -28,11 +28,15 @@ class PassRecord:
 
     ``work`` (n, 4) int64 rows of ``[row, start, end, step]``: row ``row`` computed step ``step``
     for positions ``start..end`` (sorted by (step, row)); ``exits`` (k,) the rows whose decode
-    token (position ``end``) was sampled from this pass's step, in head order.
+    token (position ``end``) was sampled from this pass's step, in head order. ``fork`` (f, 3)
+    rows of ``[src, dst, length]``, set on the last pass of a shared prompt prefill: after the
+    pass, row ``dst`` receives row ``src``'s computed state (KV entries of every step, carries,
+    gates) of positions ``0..length-1`` — the rows of one prompt share its prefill.
     """
 
     work: torch.Tensor
     exits: torch.Tensor
+    fork: torch.Tensor | None = None
 
     def entries(self) -> int:
         """(token, step) entries this pass computed."""

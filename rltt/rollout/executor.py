@@ -81,6 +81,21 @@ class PassExecutor:
         return h[:, 0], gates, last
 
     @torch.no_grad()
+    def fork(self, pairs: list[list[int]]) -> None:
+        """Copy the computed state of positions ``0..length-1`` (every step) from row ``src`` to
+        row ``dst`` for each ``[src, dst, length]``: the rows of one prompt share its prefill."""
+        by_source: dict[tuple[int, int], list[int]] = {}
+        for src, dst, length in pairs:
+            by_source.setdefault((src, length), []).append(dst)
+        for (src, n), dsts in by_source.items():
+            dst = torch.tensor(dsts, device=self.device)
+            for keys, values in zip(self.cache.keys, self.cache.values):
+                keys[:, dst, :, :n] = keys[:, src: src + 1, :, :n]
+                values[:, dst, :, :n] = values[:, src: src + 1, :, :n]
+            self.carry[dst, :n] = self.carry[src: src + 1, :n]
+            self.gates[:, dst, :n] = self.gates[:, src: src + 1, :n]
+
+    @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 logits of the exit states ``h`` (k, d) (the sampler needs them)."""
         return self.model.lm_head(h).float()

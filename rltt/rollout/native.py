@@ -22,7 +22,7 @@ from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams
-from rltt.rollout.sampler import ExitDecider, logprobs_of, row_generators, sample_tokens
+from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample_tokens
 from rltt.rollout.scheduler import Scheduler
 
 
@@ -82,16 +82,18 @@ class NativeEngine(RolloutEngine):
         for r, i in enumerate(prompt_index):
             executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
         sched = Scheduler(params.schedule, T, lengths)
-        generators = row_generators(seed, num_rows)
-        decider = ExitDecider(policy, T, generators)
-        decider.start_tokens(list(range(num_rows)))
+        random = RowRandom(seed, executor.device)
+        decider = ExitDecider(policy, T, random, num_rows)
+        decider.start_tokens(list(range(num_rows)), [0] * num_rows)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos and cfg.eos_token_id is not None:
             stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
 
         out = _Completions(num_rows)
         schedule = Schedule(params.schedule)
-        entries = 0
+        schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
+        entries = sum(p.entries() for p in schedule.passes)
+        known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
         while sched.any_active():
             rows, starts, ends, steps = sched.plan()
             h, _, last = executor.run(rows, starts, ends, steps)
@@ -101,22 +103,28 @@ class NativeEngine(RolloutEngine):
             cand = [i for i, r in enumerate(rows) if not sched.sampled[r]]
             chosen: list[int] = []
             if cand:
-                cand_rows = torch.tensor([rows[i] for i in cand])
+                cand_rows = [rows[i] for i in cand]
                 cand_steps = torch.tensor([steps[i] for i in cand])
-                gates = executor.gates[:, cand_rows, torch.tensor([ends[i] for i in cand])].cpu()
-                decide = decider.exits([rows[i] for i in cand], cand_steps, gates).tolist()
+                gates = None if known_exits else \
+                    executor.gates[:, torch.tensor(cand_rows), torch.tensor([ends[i] for i in cand])].cpu()
+                decide = decider.exits(cand_rows, cand_steps, gates).tolist()
                 chosen = [i for i, yes in zip(cand, decide) if yes]
             exit_rows = [rows[i] for i in chosen]
             if chosen:
                 logits = executor.logits(h[last[torch.tensor(chosen)]])
-                tokens = sample_tokens(logits, params, [generators[rows[i]] for i in chosen])
+                uniforms = None if params.greedy else \
+                    random.uniform(exit_rows, [len(out.tokens[r]) for r in exit_rows], RowRandom.TOKEN)
+                tokens = sample_tokens(logits, params, uniforms)
                 raw, tempered = logprobs_of(logits, tokens, params.temperature)
-                for k, i in enumerate(chosen):
-                    r, token = rows[i], int(tokens[k])
-                    executor.tokens[r, ends[i] + 1] = token
-                    out.add(r, token, steps[i], float(raw[k]), float(tempered[k]))
+                positions = [ends[i] + 1 for i in chosen]
+                executor.tokens[torch.tensor(exit_rows, device=executor.device),
+                                torch.tensor(positions, device=executor.device)] = tokens.to(executor.device)
+                # .tolist() of fp32 values gives exact Python floats: the sampler's bits
+                for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
+                                                          raw.tolist(), tempered.tolist()):
+                    out.add(r, token, steps[i], lp, lp_t)
                     sched.exited(r)
-                    reason = self._finish_reason(out.tokens[r], token, stops, params, ends[i] + 1,
+                    reason = self._finish_reason(out.tokens[r], token, stops, params, position,
                                                  cfg.max_position_embeddings)
                     if reason:
                         out.finish[r] = reason
@@ -125,7 +133,8 @@ class NativeEngine(RolloutEngine):
                 work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
                 exits=torch.tensor(exit_rows, dtype=torch.long),
             ))
-            decider.start_tokens(sched.settle())
+            moved = sched.settle()
+            decider.start_tokens(moved, [len(out.tokens[r]) for r in moved])
 
         stats = RolloutStats(
             passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
@@ -150,6 +159,36 @@ class NativeEngine(RolloutEngine):
         if len(completion) >= params.max_new_tokens or position >= max_positions:
             return "length"  # the next token would need a position the model does not have
         return None
+
+
+def shared_prefill(executor: PassExecutor, prompts: list[list[int]], prompt_index: list[int], lengths: list[int],
+                   num_loops: int, sched: Scheduler) -> list[PassRecord]:
+    """Compute each prompt's positions ``0..P-2`` once, for all the rows that complete it.
+
+    When several rows share a prompt (``n > 1`` completions, or repeated prompts), one row per
+    prompt (its first) computes the prompt's positions before the last at every step, in T
+    serial passes over those rows only, and the others receive a copy of that state (a fork,
+    recorded on the last pass). Every row then starts decoding at its last prompt token as
+    usual. Returns the passes run (none when no prompt is shared)."""
+    rows_of: dict[tuple[int, ...], list[int]] = {}
+    for r, i in enumerate(prompt_index):
+        rows_of.setdefault(tuple(prompts[i]), []).append(r)
+    groups = [g for g in rows_of.values() if len(g) > 1 and lengths[g[0]] >= 2]
+    if not groups:
+        return []
+    leaders = sorted(g[0] for g in groups)
+    ends = [lengths[r] - 2 for r in leaders]
+    records = []
+    for step in range(1, num_loops + 1):
+        executor.run(leaders, [0] * len(leaders), ends, [step] * len(leaders))
+        records.append(PassRecord(
+            work=torch.tensor([leaders, [0] * len(leaders), ends, [step] * len(leaders)], dtype=torch.long).T.contiguous(),
+            exits=torch.zeros(0, dtype=torch.long)))
+    fork = [[g[0], r, lengths[g[0]] - 1] for g in groups for r in g[1:]]
+    executor.fork(fork)
+    records[-1].fork = torch.tensor(fork, dtype=torch.long)
+    sched.prefilled([r for g in groups for r in g], len(records))
+    return records
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

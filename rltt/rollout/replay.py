@@ -68,6 +68,8 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogp
     for record in batch.schedule.passes:
         rows, starts, ends, steps = record.work.T.tolist()
         h, _, last = executor.run(rows, starts, ends, steps)
+        if record.fork is not None:
+            executor.fork(record.fork.tolist())
         if not record.exits.numel():
             continue
         where = {r: i for i, r in enumerate(rows)}

@@ -9,9 +9,11 @@ token exits without computing deeper steps (SPEC §1.4):
 - ``sample``: draw u ~ U[0, 1) once per token and exit at the first t with CDF_t > u (else T):
   inverse-CDF sampling of t* ~ p.
 
-Randomness is per row: row r draws its exit uniforms and its tokens from its own generator
-(`row_generators`), in token order. So a row's random stream does not depend on the batch
-or the schedule — `dense` and `deferred` with the same seed make the same draws.
+Randomness is counter-based (`RowRandom`): the uniform behind row r's j-th token (and the one
+behind its exit) is a hash of (seed, r, j, stream), computed for all rows of a pass in one
+vectorised op on the model's device. So a row's draws do not depend on the batch, the
+schedule or the order of passes — `dense` and `deferred` with the same seed make the same
+draws — and sampling needs no per-row generator calls and no copy of the logits to the CPU.
 """
 
 from __future__ import annotations
@@ -22,29 +24,63 @@ from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.rollout.params import SamplingParams
 
 
-def row_generators(seed: int, num_rows: int) -> list[torch.Generator]:
-    """One CPU generator per row, seeded from (seed, row)."""
-    mix = 0x9E3779B97F4A7C15  # odd 64-bit constant: distinct rows get well-separated seeds
-    return [torch.Generator().manual_seed((seed * mix + row) % 2**63) for row in range(num_rows)]
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+_ROW, _COUNTER, _STREAM = _signed(0xD6E8FEB86659FD93), _signed(0xA0761D6478BD642F), _signed(0xE7037ED1A0B428DB)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64)."""
+    x = x + _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+class RowRandom:
+    """Counter-based uniforms: ``uniform(rows, counters, stream)`` is a pure function of
+    (seed, row, counter, stream), in [0, 1) with 53 random bits, on ``device``."""
+
+    TOKEN, EXIT = 0, 1  # streams
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.key = int(_splitmix64(torch.tensor([seed % (1 << 63)], dtype=torch.long))[0])
+
+    def uniform(self, rows, counters, stream: int) -> torch.Tensor:
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        counters = torch.as_tensor(counters, dtype=torch.long, device=self.device)
+        x = _splitmix64(self.key ^ (rows * _ROW))
+        x = _splitmix64(x ^ (counters * _COUNTER) ^ (stream * _STREAM))
+        return _shr(x, 11).double() * 2.0**-53
 
 
 class ExitDecider:
     """Decides, after a token's step t is computed, whether it exits there."""
 
-    def __init__(self, policy: ExitPolicy, num_loops: int, generators: list[torch.Generator]):
-        self.policy, self.num_loops, self.generators = policy, num_loops, generators
-        self.uniform = torch.zeros(len(generators))  # u of each row's current token (sample policy)
+    def __init__(self, policy: ExitPolicy, num_loops: int, random: RowRandom, num_rows: int):
+        self.policy, self.num_loops, self.random = policy, num_loops, random
+        self.uniform = torch.zeros(num_rows, dtype=torch.float64)  # u of each row's current token (sample policy)
 
-    def start_tokens(self, rows: list[int]) -> None:
-        """Rows beginning a new decode token: draw their u (sample policy only)."""
-        if self.policy.kind == "sample":
-            for r in rows:
-                self.uniform[r] = torch.rand((), generator=self.generators[r])
+    def start_tokens(self, rows: list[int], token_index: list[int]) -> None:
+        """Rows beginning their ``token_index``-th token: draw its u (sample policy only)."""
+        if self.policy.kind == "sample" and rows:
+            self.uniform[torch.tensor(rows)] = self.random.uniform(rows, token_index, RowRandom.EXIT).cpu()
 
-    def exits(self, rows: list[int], step: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def exits(self, rows: list[int], step: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor:
         """Bool (n,): does the decode token of each row exit at ``step`` (n,)?
 
-        ``gates`` (T, n) fp32 holds λ_1..λ_step of each token (later entries are ignored)."""
+        ``gates`` (T, n) fp32 holds λ_1..λ_step of each token (later entries are ignored); the
+        ``final`` and ``fixed`` policies do not read it (None)."""
         kind = self.policy.kind
         if kind == "final":
             return step == self.num_loops
@@ -73,9 +109,9 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) 
     return raw, tempered
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> torch.Tensor:
     """Next tokens (k,) from fp32 ``logits`` (k, V): argmax when greedy, else temperature, top-k,
-    top-p, then a multinomial draw for row i from ``generators[i]``."""
+    top-p, then inverse-CDF sampling with row i's uniform ``uniforms[i]`` (float64, [0, 1))."""
     if params.greedy:
         return logits.argmax(dim=-1)
     scores = logits / params.temperature
@@ -88,5 +124,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list
         drop_sorted = (cum - torch.softmax(sorted_scores, dim=-1)) >= params.top_p  # mass before ≥ p
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).cpu()  # the row generators are CPU generators
-    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]).to(logits.device)
+    cdf = torch.softmax(scores, dim=-1, dtype=torch.float64).cumsum(-1)
+    # the first token whose CDF exceeds u·total: never a token of probability 0 (its CDF equals its predecessor's)
+    point = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, point, right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)

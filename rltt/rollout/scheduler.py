@@ -32,6 +32,13 @@ class Scheduler:
         self.active = [True] * rows
         self.row_passes = [0] * rows
 
+    def prefilled(self, rows: list[int], passes: int) -> None:
+        """``rows`` had positions ``0..cursor-1`` computed at every step by a shared prefill of
+        ``passes`` serial passes (every row waited for them)."""
+        for r in rows:
+            self.frontier[r] = [self.cursor[r]] * self.num_loops
+        self.row_passes = [n + passes for n in self.row_passes]
+
     def any_active(self) -> bool:
         return any(self.active)
 

@@ -130,7 +130,7 @@ def test_pending_entries_are_computed_when_a_later_token_needs_them():
 
 
 def test_same_seed_same_draws_under_both_schedules():
-    """Per-row generators: sampled tokens and sampled exits do not depend on the schedule."""
+    """Counter-based draws: sampled tokens and sampled exits do not depend on the schedule."""
     engine = NativeEngine(tiny_model(gate_bias=0.0))
     batch_prompts = prompts([4, 1, 6])
     runs = [engine.generate(batch_prompts, SamplingParams(temperature=1.0, top_k=20, max_new_tokens=10, n=2,
@@ -140,3 +140,30 @@ def test_same_seed_same_draws_under_both_schedules():
     assert torch.equal(runs[0].exit_steps, runs[1].exit_steps)
     assert len(set(runs[1].exit_steps[runs[1].completion_mask].tolist())) > 2
     assert not torch.equal(runs[1].completion_ids[0], runs[1].completion_ids[1])  # group members differ
+
+
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+def test_rows_of_one_prompt_share_its_prefill(schedule):
+    T = 3
+    model = tiny_model(num_loops=T)
+    engine = NativeEngine(model)
+    batch_prompts = prompts([6, 1, 4], seed=3)
+    shared = engine.generate(batch_prompts, greedy(schedule, n=3))
+    alone = engine.generate(batch_prompts, greedy(schedule))
+    # the prompt's positions before the last are computed once per prompt (not per row) ...
+    first = shared.schedule.passes[:T]
+    assert [p.work[:, 3].tolist() for p in first] == [[s, s] for s in range(1, T + 1)]  # prompts 0 and 2
+    assert first[-1].fork.tolist() == [[0, 1, 5], [0, 2, 5], [6, 7, 3], [6, 8, 3]]
+    prefill_entries = T * (5 + 3)
+    assert sum(p.entries() for p in first) == prefill_entries
+    assert shared.stats.entries_computed < 3 * alone.stats.entries_computed
+    # ... and every row decodes as it would alone
+    for r in range(shared.num_rows):
+        i = int(shared.prompt_index[r])
+        assert shared.completion(r) == alone.completion(i)
+        assert shared.exit_steps[r].tolist()[: len(alone.completion(i))] == alone.exit_steps[i].tolist()[
+            : len(alone.completion(i))]
+        torch.testing.assert_close(shared.logprobs[r, : len(alone.completion(i))],
+                                   alone.logprobs[i, : len(alone.completion(i))], atol=2e-5, rtol=0)
+    # rows waited T passes for the shared prefill
+    assert shared.stats.row_passes.tolist() == [T + p for p in alone.stats.row_passes.repeat_interleave(3).tolist()]
