@@ -2,6 +2,7 @@
 
     python bench/rollout.py                      # full run (< 8 min on 2 CPU cores)
     python bench/rollout.py --write              # … and update bench/RESULTS.md's section
+    python bench/rollout.py --group 8            # RL-shaped batches: G = 8 rows per prompt
 
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
@@ -91,12 +92,14 @@ def run(args) -> tuple[list[dict], str]:
     rows = []
     for bsz in args.batch_sizes:
         gen = torch.Generator().manual_seed(bsz)
-        prompts = torch.randint(1, args.vocab, (bsz, args.prompt_len), generator=gen)
+        group = args.group if bsz % args.group == 0 else 1
+        distinct = torch.randint(1, args.vocab, (bsz // group, args.prompt_len), generator=gen)
+        prompts = distinct.repeat_interleave(group, 0)  # the rows generate() gets
 
         def native(schedule, policy):
-            return engine.generate(prompts.tolist(), SamplingParams(
+            return engine.generate(distinct.tolist(), SamplingParams(
                 temperature=0, max_new_tokens=args.new_tokens, exit_policy=policy, schedule=schedule, seed=1,
-                ignore_eos=True))
+                ignore_eos=True, n=group))
 
         def hf():
             with torch.no_grad():
@@ -118,7 +121,7 @@ def run(args) -> tuple[list[dict], str]:
             "native final-exit tokens differ from generate()"
         tokens = bsz * args.new_tokens
         row = dict(
-            batch=bsz, mean_exit=float(deferred.exit_steps.float().mean()),
+            batch=bsz, group=group, mean_exit=float(deferred.exit_steps.float().mean()),
             dense_tps=tokens / best["dense"], deferred_tps=tokens / best["deferred"],
             native_final_tps=tokens / best["native_final"], hf_tps=tokens / best["hf_final"],
             dense_ppt=dense.stats.passes_per_token, deferred_ppt=deferred.stats.passes_per_token,
@@ -136,25 +139,29 @@ def run(args) -> tuple[list[dict], str]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| batch | E[t*] | dense tok/s | deferred tok/s | deferred/dense | passes/token dense → deferred "
+        "| batch (prompts × G) | E[t*] | dense tok/s | deferred tok/s | deferred/dense | passes/token dense → deferred "
         "| entries dense → deferred (pending) | native final tok/s | generate() tok/s | native/generate |",
         "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['batch']} | {r['mean_exit']:.2f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | "
+            f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['mean_exit']:.2f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | "
             f"**{r['ratio']:.2f}×** | {r['dense_ppt']:.2f} → {r['deferred_ppt']:.2f} | "
             f"{r['dense_entries']} → {r['deferred_entries']} ({r['pending']}) | {r['native_final_tps']:.1f} | "
             f"{r['hf_tps']:.1f} | **{r['vs_hf']:.2f}×** |")
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone."""
+def write_section(path: Path, body: str, append: bool = False) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone;
+    ``append`` adds ``body`` at the end of the existing section instead."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = f"{SECTION}\n\n{body.strip()}\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
+    found = pattern.search(text)
+    if append and found:
+        body = found.group(0)[len(SECTION):].strip() + "\n\n" + body.strip()
+    section = f"{SECTION}\n\n{body.strip()}\n"
+    if found:
         text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
     else:
         text = text.rstrip() + "\n\n" + section
@@ -171,11 +178,15 @@ def main(argv=None) -> None:
     parser.add_argument("--loops", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--mean-exit", type=float, default=2.5)
+    parser.add_argument("--group", type=int, default=1,
+                        help="G rows per distinct prompt, as in RL (the native engine shares each prompt's prefill)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="cpu: process CPU time (robust on a shared machine); wall: elapsed time")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument("--append", action="store_true",
+                        help="with --write: add this table to the section instead of replacing it")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     rows, md = run(args)
@@ -186,7 +197,9 @@ def main(argv=None) -> None:
     command = "python bench/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.write:
-        write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n\n{NOTES}")
+        body = f"Command: `{command.strip()}`\n\n{md}\n"
+        write_section(Path(__file__).with_name("RESULTS.md"), body if args.append else f"{body}\n{NOTES}",
+                      append=args.append)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     python bench/trl_compare.py --model auto --threads 1 --steps 20 --eval-size 256 --eval-samples 4 --write
                                                  # the figures in bench/RESULTS.md (~4 min)
 
-``--write`` replaces the whole section, notes included. On a shared machine use ``--threads 1``:
+``--write`` replaces the whole section, notes included (``--write --append`` adds a table). On a shared machine use ``--threads 1``:
 with two OpenMP threads and other jobs on the cores, steps swing from 2 s to 50 s.
 
 Both trainers start from the same looped checkpoint (``--model``: ``auto`` = the cached
@@ -400,12 +400,16 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(body: str, path: Path = ROOT / "bench" / "RESULTS.md") -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone."""
+def write_section(body: str, path: Path = ROOT / "bench" / "RESULTS.md", append: bool = False) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone;
+    ``append`` adds ``body`` at the end of the existing section instead."""
     text = path.read_text() if path.is_file() else "# Benchmark results\n"
-    block = f"{SECTION}\n\n{body.strip()}\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
+    found = pattern.search(text)
+    if append and found:
+        body = found.group(0)[len(SECTION):].strip() + "\n\n" + body.strip()
+    block = f"{SECTION}\n\n{body.strip()}\n"
+    if found:
         text = pattern.sub(lambda _: block + "\n", text, count=1).rstrip() + "\n"
     else:
         text = text.rstrip() + "\n\n" + block
@@ -433,6 +437,8 @@ def parse_args(argv=None):
                    help="extra rltt recipe override (repeatable), e.g. algorithm.track_kl=false")
     p.add_argument("--out", default=str(ROOT / "runs" / "trl_compare"))
     p.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    p.add_argument("--append", action="store_true", help="with --write: add the table to the section "
+                   "(another configuration) instead of replacing the section")
     return p.parse_args(argv)
 
 
@@ -443,7 +449,7 @@ def main(argv=None) -> int:
     print(table)
     if args.write:
         command = "python bench/trl_compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(f"Command:\n\n    {command.strip()}\n\n```\n{table}\n```\n")
+        write_section(f"Command:\n\n    {command.strip()}\n\n```\n{table}\n```\n", append=args.append)
     return 0
 
 
