@@ -98,27 +98,11 @@ class PackedLayout:
         flat_ids[packed_of[valid]] = ids_cpu[valid]
         flat_pos[packed_of[valid]] = pos.expand(B, S)[valid]
 
-        Pmax = int(p_u.max())
-        j = torch.arange(Pmax)
-        pre_q = torch.where(j[None, :] < p_u[:, None], prefix_base[:, None] + j[None, :], torch.full((U, Pmax), N))
-        qj, ki = j[:, None], j[None, :]
-        pre_valid_q = (qj[None] < p_u[:, None, None])
-        pre_mask = torch.where(pre_valid_q, ki[None] <= qj[None], (ki == 0)[None].expand(U, Pmax, Pmax))
-
-        Cmax = max(int(suffix_len.max()), 1)
-        c = torch.arange(Cmax)
-        suf_q = torch.where(c[None, :] < suffix_len[:, None], suffix_base[:, None] + c[None, :],
-                            torch.full((B, Cmax), N))
-        own_prefix = pre_q[owner_t]  # (B, Pmax)
-        own_prefix = torch.where(j[None, :] < prefix_len[:, None], own_prefix, torch.full_like(own_prefix, N))
-        suf_k = torch.cat([own_prefix, suf_q], 1)  # (B, Pmax + Cmax)
-        valid_q = c[None, :, None] < suffix_len[:, None, None]  # (B, Cmax, 1)
-        key_pre = j[None, None, :] < prefix_len[:, None, None]  # (B, 1, Pmax)
-        key_suf = c[None, None, :] <= c[None, :, None]  # (1, Cmax, Cmax)
-        attend = torch.cat([key_pre.expand(B, Cmax, Pmax), key_suf.expand(B, Cmax, Cmax)], -1)
-        first_key = torch.zeros(Pmax + Cmax, dtype=torch.bool)
-        first_key[0] = True
-        suf_mask = torch.where(valid_q, attend, first_key[None, None, :])
+        prefix = _prefix_part(prefix_base, p_u, N)
+        suffix = _suffix_part(suffix_base, suffix_len, prefix.q_idx[owner_t], prefix_len, N)
+        pre_q, suf_q = prefix.q_idx, suffix.q_idx
+        U, Pmax = pre_q.shape
+        Cmax = suf_q.shape[1]
 
         back = torch.zeros(N, dtype=torch.long)
         pv = pre_q < N
@@ -131,10 +115,43 @@ class PackedLayout:
 
         return PackedLayout(
             input_ids=dev(flat_ids[:N]), positions=dev(flat_pos[:N]), packed_of=dev(packed_of),
-            parts=(_Part(dev(pre_q), dev(pre_q), dev(pre_mask[:, None])),
-                   _Part(dev(suf_q), dev(suf_k), dev(suf_mask[:, None]))),
+            parts=tuple(_Part(dev(p.q_idx), dev(p.k_idx), dev(p.mask)) for p in (prefix, suffix)),
             back_idx=dev(back), num_prefixes=U,
         )
+
+
+def _prefix_part(base: torch.Tensor, length: torch.Tensor, pad: int) -> _Part:
+    """One attention row per distinct prefix u (``length[u]`` tokens from packed index
+    ``base[u]``): causal over the prefix; padding query slots attend to key 0 only (no row is
+    fully masked, so no NaN reaches the backward)."""
+    U, width = length.shape[0], int(length.max())
+    j = torch.arange(width)
+    q_idx = torch.where(j[None, :] < length[:, None], base[:, None] + j[None, :], torch.full((U, width), pad))
+    query, key = j[:, None], j[None, :]
+    valid_query = query[None] < length[:, None, None]
+    mask = torch.where(valid_query, key[None] <= query[None], (key == 0)[None].expand(U, width, width))
+    return _Part(q_idx, q_idx, mask[:, None])
+
+
+def _suffix_part(base: torch.Tensor, length: torch.Tensor, own_prefix: torch.Tensor, prefix_len: torch.Tensor,
+                 pad: int) -> _Part:
+    """One attention row per sequence b (``length[b]`` suffix tokens from packed index ``base[b]``):
+    keys are the row's prefix (``own_prefix`` (B, Pmax) packed indices, its first ``prefix_len[b]``
+    valid) then its own suffix, causal; padding query slots attend to key 0 only."""
+    B, Pmax = own_prefix.shape
+    width = max(int(length.max()), 1)
+    c, j = torch.arange(width), torch.arange(Pmax)
+    q_idx = torch.where(c[None, :] < length[:, None], base[:, None] + c[None, :], torch.full((B, width), pad))
+    own_prefix = torch.where(j[None, :] < prefix_len[:, None], own_prefix, torch.full_like(own_prefix, pad))
+    k_idx = torch.cat([own_prefix, q_idx], 1)  # (B, Pmax + width)
+    valid_query = c[None, :, None] < length[:, None, None]  # (B, width, 1)
+    key_prefix = j[None, None, :] < prefix_len[:, None, None]  # (B, 1, Pmax)
+    key_suffix = c[None, None, :] <= c[None, :, None]  # (1, width, width)
+    attend = torch.cat([key_prefix.expand(B, width, Pmax), key_suffix.expand(B, width, width)], -1)
+    first_key = torch.zeros(Pmax + width, dtype=torch.bool)
+    first_key[0] = True
+    mask = torch.where(valid_query, attend, first_key[None, None, :])
+    return _Part(q_idx, k_idx, mask[:, None])
 
 
 class PackedAttend:
