@@ -7,8 +7,9 @@ at step t lives at ``[t − 1, r, :, p]``. Nothing is ever moved or concatenated
 `GroupedAttend` is the ``attend`` callable one pass hands to the shared block. The pass holds
 work items (row, position, step) at different steps (depth-mixed batching): projections and
 MLPs run batched over all items; each item writes its (k, v) into its own step's slot, then
-attention runs once per step group over that step's slot, each item attending to the keys of
-its row at positions ≤ its own (causal among items of the same row and step).
+attention runs over the slots — one SDPA call for the single-token entries and one for the
+multi-token ones, whatever their steps — each item attending to the keys of its row and step at
+positions ≤ its own (causal among items of the same row and step).
 """
 
 from __future__ import annotations
@@ -34,61 +35,74 @@ class StepKVCache:
 
 
 @dataclass
-class StepGroup:
-    """The items of one step within a pass: items ``lo:hi`` (contiguous, the pass is sorted by
-    step) from ``rows`` (m,), padded to ``width`` queries per row when a row has several."""
+class SlotGroup:
+    """Work entries of one pass attended in one SDPA call. An entry is one row's contiguous
+    positions at one step; its keys are the cache *slot* of (step, row): ``keys[step − 1, row]``,
+    row ``(step − 1)·R + row`` of the cache viewed as (T·R, Hkv, max_len, D)."""
 
-    step: int
-    lo: int
-    hi: int
-    rows: torch.Tensor  # (m,) cache rows
-    all_rows: bool  # rows == 0..R-1: read the slot as a view, no gather
+    items: torch.Tensor | None  # (n,) the pass's item indices in this group, None = all, in order
+    slots: torch.Tensor  # (m,) flat cache slots of the entries
+    step_view: int | None  # every row of the cache at this one step: read the slot as a view, no gather
     key_len: int  # keys 0..key_len-1 are read
     mask: torch.Tensor  # (m, 1, n_rep·width, key_len) bool, True = attend
-    width: int  # queries per row (1 in plain decode)
-    slot_row: torch.Tensor | None  # (hi − lo,) row index within the group, when width > 1
-    slot_col: torch.Tensor | None  # (hi − lo,) query slot within the row, when width > 1
+    width: int  # queries per entry (1 in plain decode)
+    slot_row: torch.Tensor | None  # (n,) entry index within the group, when width > 1
+    slot_col: torch.Tensor | None  # (n,) query slot within the entry, when width > 1
 
 
 def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list[int], num_cache_rows: int,
-                n_rep: int, device: torch.device) -> list[StepGroup]:
-    """Group a pass's (row, start..end, step) work by step; ``rows`` etc. are sorted by step."""
-    groups, lo, i = [], 0, 0
-    while i < len(rows):
-        j = i
-        while j < len(rows) and steps[j] == steps[i]:
-            j += 1
-        g_rows, g_starts, g_ends = rows[i:j], starts[i:j], ends[i:j]
-        counts = [e - s + 1 for s, e in zip(g_starts, g_ends)]
-        width, key_len, n = max(counts), max(g_ends) + 1, sum(counts)
+                n_rep: int, device: torch.device) -> list[SlotGroup]:
+    """Group a pass's (row, start..end, step) entries for attention: one group of the single-token
+    entries (plain decode) and one of the multi-token entries (prefill, pending positions), whatever
+    their steps — so a depth-mixed pass costs as many attention calls as a uniform one, and
+    single-token entries are not padded to the width of the others."""
+    counts = [e - s + 1 for s, e in zip(starts, ends)]
+    offsets = [0] * len(counts)
+    for i in range(1, len(counts)):
+        offsets[i] = offsets[i - 1] + counts[i - 1]
+    single = [i for i, c in enumerate(counts) if c == 1]
+    multi = [i for i, c in enumerate(counts) if c > 1]
+    groups = []
+    for entries in (single, multi):
+        if not entries:
+            continue
+        g_rows, g_steps = [rows[i] for i in entries], [steps[i] for i in entries]
+        g_starts, g_ends, g_counts = [starts[i] for i in entries], [ends[i] for i in entries], [counts[i] for i in entries]
+        width, key_len, n = max(g_counts), max(g_ends) + 1, sum(g_counts)
         keys = torch.arange(key_len, device=device)
         ends_t = torch.tensor(g_ends, device=device)
         if width == 1:
             slot_row = slot_col = None
             query_pos = ends_t[:, None]  # (m, 1)
         else:
-            counts_t = torch.tensor(counts, device=device)
-            slot_row = torch.repeat_interleave(torch.arange(len(g_rows), device=device), counts_t)
-            offsets = torch.cumsum(counts_t, 0) - counts_t
-            slot_col = torch.arange(n, device=device) - offsets[slot_row]
-            query_pos = torch.zeros(len(g_rows), width, dtype=torch.long, device=device)  # padding → key 0
+            counts_t = torch.tensor(g_counts, device=device)
+            slot_row = torch.repeat_interleave(torch.arange(len(entries), device=device), counts_t)
+            first = torch.cumsum(counts_t, 0) - counts_t
+            slot_col = torch.arange(n, device=device) - first[slot_row]
+            query_pos = torch.zeros(len(entries), width, dtype=torch.long, device=device)  # padding → key 0
             query_pos[slot_row, slot_col] = torch.tensor(g_starts, device=device)[slot_row] + slot_col
         mask = keys[None, None, :] <= query_pos[:, :, None]  # (m, width, K)
         if n_rep > 1:  # grouped-query heads folded into the query axis: (m, n_rep·width, K)
-            mask = mask[:, None].expand(-1, n_rep, -1, -1).reshape(len(g_rows), n_rep * width, key_len)
-        groups.append(StepGroup(
-            step=steps[i], lo=lo, hi=lo + n, rows=torch.tensor(g_rows, device=device),
-            all_rows=g_rows == list(range(num_cache_rows)), key_len=key_len, mask=mask[:, None],
-            width=width, slot_row=slot_row, slot_col=slot_col,
-        ))
-        lo, i = lo + n, j
+            mask = mask[:, None].expand(-1, n_rep, -1, -1).reshape(len(entries), n_rep * width, key_len)
+        whole = len(entries) == len(counts)
+        if whole:
+            items = None
+        elif width == 1:
+            items = torch.tensor([offsets[i] for i in entries], device=device)
+        else:
+            items = torch.tensor([offsets[i] + k for i in entries for k in range(counts[i])], device=device)
+        uniform = all(st == g_steps[0] for st in g_steps)
+        step_view = g_steps[0] if uniform and g_rows == list(range(num_cache_rows)) else None
+        slots = torch.tensor([(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)], device=device)
+        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len, mask=mask[:, None],
+                                width=width, slot_row=slot_row, slot_col=slot_col))
     return groups
 
 
 class GroupedAttend:
     """``attend(q, k, v, layer)`` for one pass: items are rows of q/k/v (N, H, 1, D)."""
 
-    def __init__(self, cache: StepKVCache, groups: list[StepGroup], item_rows: torch.Tensor,
+    def __init__(self, cache: StepKVCache, groups: list[SlotGroup], item_rows: torch.Tensor,
                  item_pos: torch.Tensor, item_steps: torch.Tensor, scale: float):
         self.cache, self.groups, self.scale = cache, groups, scale
         self.write_index = (item_steps - 1, item_rows)
@@ -102,14 +116,17 @@ class GroupedAttend:
         n_items, num_heads, _, head_dim = q.shape
         num_kv = k.shape[1]
         n_rep = num_heads // num_kv
+        flat_keys, flat_values = keys.flatten(0, 1), values.flatten(0, 1)  # (T·R, Hkv, max_len, D) views
         outs = []
         for g in self.groups:
-            g_keys = keys[g.step - 1, :, :, : g.key_len]
-            g_values = values[g.step - 1, :, :, : g.key_len]
-            if not g.all_rows:
-                g_keys, g_values = g_keys.index_select(0, g.rows), g_values.index_select(0, g.rows)
-            m = g.rows.shape[0]
-            g_q = q[g.lo: g.hi, :, 0]  # (n, Hq, D)
+            if g.step_view is not None:
+                g_keys = keys[g.step_view - 1, :, :, : g.key_len]
+                g_values = values[g.step_view - 1, :, :, : g.key_len]
+            else:
+                g_keys = flat_keys[:, :, : g.key_len].index_select(0, g.slots)
+                g_values = flat_values[:, :, : g.key_len].index_select(0, g.slots)
+            m = g.slots.shape[0]
+            g_q = q[:, :, 0] if g.items is None else q[:, :, 0].index_select(0, g.items)  # (n, Hq, D)
             if g.width == 1:
                 g_q = g_q.view(m, num_kv, n_rep, head_dim)
             else:
@@ -124,5 +141,9 @@ class GroupedAttend:
                 out = out.view(m, num_kv, n_rep, g.width, head_dim).permute(0, 3, 1, 2, 4)
                 out = out.reshape(m, g.width, num_heads, head_dim)[g.slot_row, g.slot_col]
             outs.append(out)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-        return out.unsqueeze(2)  # (N, Hq, 1, D)
+        if len(outs) == 1 and self.groups[0].items is None:
+            return outs[0].unsqueeze(2)  # (N, Hq, 1, D)
+        out = q.new_empty(n_items, num_heads, head_dim)
+        for g, o in zip(self.groups, outs):
+            out[g.items] = o
+        return out.unsqueeze(2)
