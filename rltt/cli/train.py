@@ -1,4 +1,8 @@
-"""``rltt train RECIPE.yaml [key=value ...] [--resume]``: RLTT/GRPO post-training of a looped model."""
+"""``rltt train RECIPE.yaml [key=value ...] [--resume]``: RLTT/GRPO post-training of a looped model.
+
+Data-parallel over N processes (GPUs): ``torchrun --nproc_per_node N -m rltt.cli.main train RECIPE.yaml
+learner.backend=deepspeed`` — each rank samples prompts_per_step / N of every step's prompts.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_train_recipe(args.recipe, args.overrides)
     trainer = LocalTrainer(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
     result = trainer.run()
+    trainer.ranks.close()
+    if not trainer.ranks.main:  # rank 0 reports for a data-parallel run
+        return 0
     print(f"{result.steps} steps; run: {result.run_dir}")
     if result.initial_solve_rate is not None and result.final_solve_rate is not None:
         gain = 100 * (result.final_solve_rate - result.initial_solve_rate)

@@ -140,11 +140,16 @@ class DeepSpeedBackend(_Backend):
             norms.setdefault("grad_norm/total", float(total))
         return norms
 
+    # Collective: every rank calls save/load (each writes/reads its ZeRO shard). The tag must not be
+    # "latest": DeepSpeed writes a file of that name beside the tag's directory.
+    TAG = "state"
+
     def save(self, path: Path) -> None:
-        self.engine.save_checkpoint(str(path / "deepspeed"), tag="latest", client_state={"updates": self.updates})
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag=self.TAG, client_state={"updates": self.updates},
+                                    save_latest=False)
 
     def load(self, path: Path) -> None:
-        _, client = self.engine.load_checkpoint(str(path / "deepspeed"), tag="latest")
+        _, client = self.engine.load_checkpoint(str(path / "deepspeed"), tag=self.TAG)
         self.updates = int((client or {}).get("updates", 0))
 
 

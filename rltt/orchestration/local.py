@@ -5,11 +5,17 @@
 
 Every step's rollout seed is derived from the recipe seed and the step, so a resumed run
 samples exactly what the uninterrupted run would have.
+
+Under ``torchrun`` with the DeepSpeed backend the loop is data-parallel (rltt.orchestration.
+distributed): each rank samples its share of the step's prompts with its own seed, the rollout
+metrics are merged across ranks, and rank 0 alone writes metrics, checkpoints and evaluates.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +28,7 @@ from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import Learner, frozen_copy
 from rltt.objectives import group_advantages, select_informative_groups
+from rltt.orchestration.distributed import RolloutTally, ranks_from_env
 from rltt.orchestration.groups import ScoredGroups, score_rollout, solved, to_learner_batch
 from rltt.orchestration.policy import evaluate, load_policy, resolve_model_path, stop_ids
 from rltt.orchestration.prompts import PromptStream, eval_tasks
@@ -45,11 +52,13 @@ class RunResult:
 class LocalTrainer:
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
         self.recipe = recipe
+        self.ranks = ranks_from_env(recipe.learner.backend, recipe.rollout.prompts_per_step)
         self.run_dir = Path(recipe.logging.run_dir)
         if not resume and (self.run_dir / "metrics.jsonl").exists():
             raise RlttError(f"logging.run_dir: {self.run_dir} already holds a run; pass --resume to continue it "
                             f"or choose another logging.run_dir")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ranks.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.seed)
         if recipe.train.threads:
             torch.set_num_threads(recipe.train.threads)
@@ -63,7 +72,7 @@ class LocalTrainer:
                                     r.data.seed)
         self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, r.data.prompt_template,
                                      r.data.eval_split, r.data.eval_size, r.data.seed)
-        self.learner = Learner(self.model, r.learner, r.algorithm, batch_size=r.batch_size,
+        self.learner = Learner(self.model, r.learner, r.algorithm, batch_size=r.batch_size // self.ranks.world,
                                max_len=r.rollout.max_new_tokens, ref_model=self.reference)
         # the torch backend trains the model in place, so the engine can share it (sync is free);
         # other backends hand weights over to a separate rollout copy.
@@ -74,9 +83,11 @@ class LocalTrainer:
         self.first_eval: float | None = None
         if resume:
             self._resume()
-        (self.run_dir / "recipe.yaml").write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
-        self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
-                                    resume_step=self.step if resume else None, config=to_dict(recipe))
+        self.logger = None  # rank 0's
+        if self.ranks.main:
+            (self.run_dir / "recipe.yaml").write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
+                                        resume_step=self.step if resume else None, config=to_dict(recipe))
 
     # -- one RL step --------------------------------------------------------------------------
     def sampling(self, step: int, attempt: int = 0) -> SamplingParams:
@@ -85,55 +96,62 @@ class LocalTrainer:
             temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=ro.max_new_tokens,
             stop_token_ids=stop_ids(self.tokenizer), stop_strings=list(ro.stop_strings),
             decoder=self.tokenizer.decode if ro.stop_strings else None,
-            seed=self.recipe.seed * 1_000_003 + step * 101 + attempt, n=ro.group_size,
+            seed=self.ranks.seed(self.recipe.seed * 1_000_003 + step * 101 + attempt), n=ro.group_size,
             exit_policy=ro.exit_policy, schedule=ro.schedule)
 
     def rollout(self, step: int, metrics: dict) -> ScoredGroups:
-        """Sample prompts_per_step groups; with dynamic sampling, refill dropped uniform groups."""
+        """Sample this rank's share of prompts_per_step groups; with dynamic sampling, refill dropped
+        uniform groups. Every rank draws the same prompts from the stream and keeps its share."""
         r = self.recipe
-        want = r.rollout.prompts_per_step
-        tasks = self.prompts.next(want)
+        want = r.rollout.prompts_per_step // self.ranks.world
+        tasks = self.ranks.share(self.prompts.next(r.rollout.prompts_per_step))
         batch = self.engine.generate([t.prompt_ids for t in tasks], self.sampling(step))
         groups = score_rollout(batch, tasks, self.tokenizer.decode, self.runner)
         self._rollout_metrics(groups, [batch], metrics)
         if not r.algorithm.dynamic_sampling:
             return groups
         keep = ScoredGroups(group_size=groups.group_size)
-        rollouts = [batch]
+        refills = 0
         for attempt in range(1, r.algorithm.max_refills + 2):
             informative = select_informative_groups(torch.tensor(groups.rewards), groups.group_size).tolist()
             keep.extend(groups.select_groups(informative))
-            if keep.num_groups >= want or attempt > r.algorithm.max_refills:
+            short = self.ranks.gather(max(want - keep.num_groups, 0))  # every rank's shortfall
+            if not sum(short) or attempt > r.algorithm.max_refills:
                 break
-            tasks = self.prompts.next(want - keep.num_groups)
-            batch = self.engine.generate([t.prompt_ids for t in tasks], self.sampling(step, attempt))
-            rollouts.append(batch)
-            groups = score_rollout(batch, tasks, self.tokenizer.decode, self.runner)
+            refills += 1  # all ranks draw every rank's refill prompts, so their streams stay equal
+            tasks = self.ranks.segment(self.prompts.next(sum(short)), short)
+            if tasks:
+                batch = self.engine.generate([t.prompt_ids for t in tasks], self.sampling(step, attempt))
+                groups = score_rollout(batch, tasks, self.tokenizer.decode, self.runner)
+            else:
+                groups = ScoredGroups(group_size=groups.group_size)
         if keep.num_groups < want:  # still short: top up with uniform groups (zero advantage)
             informative = set(select_informative_groups(torch.tensor(groups.rewards), groups.group_size).tolist())
             filler = [g for g in range(groups.num_groups) if g not in informative][: want - keep.num_groups]
             keep.extend(groups.select_groups(filler))
-        metrics["rollout/refills"] = len(rollouts) - 1
+        metrics["rollout/refills"] = refills
         return keep.select_groups(list(range(want)))
 
     def _rollout_metrics(self, groups: ScoredGroups, rollouts, metrics: dict) -> None:
-        rewards = torch.tensor(groups.rewards)
-        adv = group_advantages(rewards, groups.group_size)
-        lengths = torch.tensor([len(c.completion_ids) for c in groups.completions], dtype=torch.float)
-        stats = rollouts[0].stats
+        """Metrics of the step's first rollout, over all ranks' groups."""
+        t = RolloutTally.merge(self.ranks.gather(RolloutTally.of(groups, rollouts[0].stats)))
+        rewards = torch.tensor(t.rewards)
+        adv = group_advantages(rewards, t.group_size)
+        lengths = torch.tensor(t.lengths, dtype=torch.float)
         metrics.update({
             m.REWARD_MEAN: float(rewards.mean()),
             m.REWARD_STD: float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            m.REWARD_ERRORS: len(groups.errors),
-            m.SOLVE_RATE: sum(solved(groups, self.runner.names[0])) / len(groups.completions),
+            m.REWARD_ERRORS: t.errors,
+            m.SOLVE_RATE: sum(solved(ScoredGroups(per_fn=t.per_fn), self.runner.names[0])) / len(t.rewards),
             m.GROUPS_UNIFORM_FRAC: adv.uniform_fraction,
             m.LENGTH_MEAN: float(lengths.mean()),
             m.LENGTH_MAX: float(lengths.max()),
-            m.LENGTH_TRUNC_FRAC: sum(c.finish_reason == "length" for c in groups.completions) / len(lengths),
-            "rollout/exit_step_mean": sum(sum(c.exit_steps) for c in groups.completions) / max(float(lengths.sum()), 1),
-            "rollout/passes_per_token": stats.passes_per_token,
+            m.LENGTH_TRUNC_FRAC: t.truncated / len(lengths),
+            "rollout/exit_step_mean": t.exit_steps / max(float(lengths.sum()), 1),
+            "rollout/passes_per_token": t.passes_per_token,
+            "rollout/sequences": len(t.rewards),
         })
-        for name, values in groups.per_fn.items():
+        for name, values in t.per_fn.items():
             metrics[m.reward_key(name)] = sum(values) / len(values)
 
     def train_step(self, step: int) -> dict:
@@ -143,7 +161,8 @@ class LocalTrainer:
         with Timer(metrics, m.TIME_ROLLOUT):
             groups = self.rollout(step, metrics)
         tokens = sum(len(c.completion_ids) for c in groups.completions)
-        metrics[m.THROUGHPUT_TOKENS_PER_S] = tokens / max(metrics[m.TIME_ROLLOUT], 1e-9)
+        work = self.ranks.gather((tokens, metrics[m.TIME_ROLLOUT]))  # ranks sample concurrently
+        metrics[m.THROUGHPUT_TOKENS_PER_S] = sum(n for n, _ in work) / max(max(t for _, t in work), 1e-9)
         rewards = torch.tensor(groups.rewards)
         with Timer(metrics, m.TIME_LEARNER):
             batch = to_learner_batch(groups, torch.zeros_like(rewards), r.rollout.temperature,
@@ -157,11 +176,12 @@ class LocalTrainer:
             if self.engine_model is not self.learner.model:
                 self.engine.load_weights(self.learner.state_dict_for_rollout())
         metrics[m.TIME_STEP] = time.perf_counter() - t0
-        metrics[m.MEMORY_PEAK_GB] = peak_memory_gb()
+        metrics[m.MEMORY_PEAK_GB] = max(self.ranks.gather(peak_memory_gb()))
         return metrics
 
     # -- evaluation, checkpoints ------------------------------------------------------------------
     def evaluate(self) -> dict:
+        """Held-out solve rate of the rollout policy (rank 0's engine; see ``evaluate_on_main``)."""
         r = self.recipe
         result = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
                           r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
@@ -169,16 +189,38 @@ class LocalTrainer:
         return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
                 "eval/exit_step_mean": result.mean_exit_step}
 
+    def evaluate_on_main(self) -> dict:
+        """Rank 0 evaluates (every rank holds the same weights) while the others wait; {} on those."""
+        result = self.evaluate() if self.ranks.main else {}
+        self.ranks.barrier()
+        return result
+
     def save(self) -> Path:
+        """Checkpoint atomically. With several ranks each writes its DeepSpeed shard (a collective
+        call) into a staging directory that rank 0 moves into the checkpoint it writes."""
         state = {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
                  "first_eval": self.first_eval}
+        final = checkpoint_dir(self.run_dir, self.step)
+        staged = final.parent / f".staged-{final.name}"
+        if self.ranks.world > 1:
+            if self.ranks.main:
+                shutil.rmtree(staged, ignore_errors=True)  # left by a crash; DeepSpeed creates it anew
+            self.learner.backend.save(staged)  # returns once every rank has written
 
         def write(tmp: Path) -> None:
             write_model_dir(tmp, self.learner_model(), self.tokenizer, to_dict(self.recipe))
-            self.learner.backend.save(tmp)
+            if self.ranks.world > 1:
+                for item in staged.iterdir():
+                    os.replace(item, tmp / item.name)
+                staged.rmdir()
+            else:
+                self.learner.backend.save(tmp)
             torch.save(state, tmp / STATE_FILE)
 
-        return atomic_dir(checkpoint_dir(self.run_dir, self.step), write)
+        if self.ranks.main:
+            atomic_dir(final, write)
+        self.ranks.barrier()  # the checkpoint is complete before any rank moves on
+        return final
 
     def learner_model(self):
         from rltt.learner import unwrap
@@ -211,31 +253,36 @@ class LocalTrainer:
 
         r = self.recipe
         final_eval = None
+        main = self.ranks.main
         if self.step == 0 and r.train.eval_every > 0:
-            ev = self.evaluate()
-            self.first_eval = ev["eval/solve_rate"]
-            self.logger.log(0, ev)
+            ev = self.evaluate_on_main()
+            if main:
+                self.first_eval = ev["eval/solve_rate"]
+                self.logger.log(0, ev)
         bar = tqdm(range(self.step, r.train.steps), initial=self.step, total=r.train.steps, desc="rltt train",
-                   disable=not r.logging.progress, dynamic_ncols=True)
+                   disable=not (r.logging.progress and main), dynamic_ncols=True)
         for _ in bar:
             self.step += 1
             metrics = self.train_step(self.step)
             last = self.step == r.train.steps
             if r.train.eval_every > 0 and (self.step % r.train.eval_every == 0 or last):
-                metrics.update(self.evaluate())
-                final_eval = metrics["eval/solve_rate"]
-            self.logger.log(self.step, metrics)
+                metrics.update(self.evaluate_on_main())
+                final_eval = metrics.get("eval/solve_rate")
+            if main:
+                self.logger.log(self.step, metrics)
             bar.set_postfix(reward=f"{metrics[m.REWARD_MEAN]:.2f}", kl=f"{metrics.get(m.KL_REF, 0):.1e}")
             if (r.checkpoint.every and self.step % r.checkpoint.every == 0) or (last and r.checkpoint.save_final):
                 self.save()
-            if r.logging.review_every:
+            if r.logging.review_every and main:
                 from rltt.telemetry import maybe_review
 
                 maybe_review(self.run_dir, self.step, r.logging.review_every)
-        self.logger.close()
-        if r.logging.review_at_end:
-            from rltt.telemetry import maybe_review
+        if main:
+            self.logger.close()
+            if r.logging.review_at_end:
+                from rltt.telemetry import maybe_review
 
-            maybe_review(self.run_dir, self.step, 0, final=True)
+                maybe_review(self.run_dir, self.step, 0, final=True)
+        self.ranks.barrier()  # the ranks finish together, after rank 0's review
         return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
 

@@ -1,0 +1,51 @@
+"""Worker for the data-parallel `rltt train` tests, run under torchrun:
+
+    dist_worker.py RECIPE.yaml OUT_DIR [key=value ...]
+
+Each rank runs the LocalTrainer and writes OUT_DIR/rank<R>.json: the task ids and sampling
+seeds of its rollouts, the rewards of its groups per step, its learner's batch size, whether it
+owns a metrics logger, whether its parameters changed, a checksum of its final parameters and
+its prompt stream's position.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from rltt.orchestration.local import LocalTrainer  # noqa: E402
+from rltt.orchestration.recipe import load_train_recipe  # noqa: E402
+
+
+def run(recipe: str, out_dir: str, overrides: list[str]) -> None:
+    trainer = LocalTrainer(load_train_recipe(recipe, overrides), recipe_root=Path(recipe).parent)
+    rank = trainer.ranks.rank
+    record = {"rank": rank, "world": torch.distributed.get_world_size(), "batch_size": trainer.learner.batch_size,
+              "has_logger": trainer.logger is not None, "seeds": [], "task_ids": [], "rewards": []}
+    before = {k: v.detach().clone() for k, v in trainer.learner_model().state_dict().items()}
+
+    rollout = trainer.rollout
+
+    def recording_rollout(step, metrics):
+        record["seeds"].append(trainer.sampling(step).seed)
+        groups = rollout(step, metrics)
+        record["task_ids"].append([c.task_id for c in groups.completions[::groups.group_size]])
+        record["rewards"].append(list(groups.rewards))
+        return groups
+
+    trainer.rollout = recording_rollout
+    trainer.run()
+    after = trainer.learner_model().state_dict()
+    record["changed"] = any(not torch.equal(before[k], after[k]) for k in before)
+    record["checksum"] = sum(float(v.double().sum()) for v in after.values())
+    record["stream_position"] = trainer.prompts.position
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
+    trainer.ranks.close()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], sys.argv[3:])
