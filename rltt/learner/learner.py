@@ -45,12 +45,26 @@ class _LoopTelemetry:
         self.entropies.append(scores.entropy.detach())
         self.exits.append(scores.exit_probs.detach())
 
-    def metrics(self, batch: LearnerBatch) -> dict[str, float]:
-        out = {}
-        out.update(entropy_stats(torch.cat(self.entropies, 1)))
-        out.update(exit_stats(torch.cat(self.exits, 1)))
+    def metrics(self, batch: LearnerBatch, world: int = 1) -> dict[str, float]:
+        """Over the global batch: with ``world`` > 1 data-parallel ranks, every rank's tokens are
+        gathered first (a collective: all ranks call it)."""
+        entropies, exits = torch.cat(self.entropies, 1).cpu(), torch.cat(self.exits, 1).cpu()
+        mismatch = None
         if batch.sampler_logprobs is not None:
-            out.update(mismatch_stats(torch.cat(self.exit_lps), batch.sampler_logprobs, batch.target_mask))
+            mask = batch.target_mask.bool()
+            mismatch = (torch.cat(self.exit_lps)[mask].cpu(), batch.sampler_logprobs[mask].cpu())
+        if world > 1:
+            gathered = [None] * world
+            torch.distributed.all_gather_object(gathered, (entropies, exits, mismatch))
+            entropies = torch.cat([g[0] for g in gathered], 1)
+            exits = torch.cat([g[1] for g in gathered], 1)
+            if mismatch is not None:
+                mismatch = tuple(torch.cat([g[2][i] for g in gathered]) for i in range(2))
+        out = {}
+        out.update(entropy_stats(entropies))
+        out.update(exit_stats(exits))
+        if mismatch is not None:
+            out.update(mismatch_stats(*mismatch))
         return out
 
 
@@ -100,7 +114,7 @@ class Learner:
         self.model.train()
         batch.old_logprobs = torch.cat(olds) if olds else None
         batch.ref_logprobs = torch.cat(refs) if refs else None
-        return batch, seen.metrics(batch) if policy else {}
+        return batch, seen.metrics(batch, self._data_parallel_world()) if policy else {}
 
     @torch.no_grad()
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
@@ -138,15 +152,24 @@ class Learner:
         return max(local, 1.0) / world
 
     def _across_ranks(self, totals: dict[str, float]) -> dict[str, float]:
-        """Batch-level loss values: each rank's weighted sum is its share × world, so the mean over
-        ranks is the global value (identity in one process)."""
+        """Batch-level values: each rank's weighted sum is its share × world, so the mean over
+        ranks is the global value; ``*_max`` / ``*_min`` keys take the max / min over ranks
+        (identity in one process)."""
         world = self._data_parallel_world()
         if world == 1:
             return totals
-        values = torch.tensor(list(totals.values()), dtype=torch.float64)
-        torch.distributed.all_reduce(values)
-        values /= world
-        return dict(zip(totals, values.tolist()))
+        out = {}
+        for op, keys in ((torch.distributed.ReduceOp.MAX, [k for k in totals if k.endswith("_max")]),
+                         (torch.distributed.ReduceOp.MIN, [k for k in totals if k.endswith("_min")]),
+                         (torch.distributed.ReduceOp.SUM, [k for k in totals if not k.endswith(("_max", "_min"))])):
+            if not keys:
+                continue
+            values = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+            torch.distributed.all_reduce(values, op=op)
+            if op == torch.distributed.ReduceOp.SUM:
+                values /= world
+            out.update(zip(keys, values.tolist()))
+        return out
 
     # -- 2. the updates -------------------------------------------------------------------
     def train_step(self, batch: LearnerBatch) -> dict[str, float]:
@@ -179,8 +202,9 @@ class Learner:
                         stats[key] = stats.get(key, 0.0) + value * weight
             metrics.update(self.backend.step())
         totals = self._across_ranks(totals)
+        stats = self._across_ranks(stats)
         if one_pass:
-            metrics.update(seen.metrics(batch))
+            metrics.update(seen.metrics(batch, self._data_parallel_world()))
         metrics.update({
             m.LOSS_TOTAL: totals["loss"],
             m.LOSS_POLICY: totals["policy"],

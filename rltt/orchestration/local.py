@@ -72,12 +72,14 @@ class LocalTrainer:
                                     r.data.seed)
         self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, r.data.prompt_template,
                                      r.data.eval_split, r.data.eval_size, r.data.seed)
+        # the torch backend trains the model in place, so the engine can share it (sync is free);
+        # other backends hand weights over to a separate rollout copy, taken before DeepSpeed wraps
+        # (and under ZeRO-3 partitions) the learner's model
+        shared = r.learner.backend == "torch" and r.learner.dtype == r.model.dtype
+        rollout_copy = None if shared else copy.deepcopy(self.model).eval()
         self.learner = Learner(self.model, r.learner, r.algorithm, batch_size=r.batch_size // self.ranks.world,
                                max_len=r.rollout.max_new_tokens, ref_model=self.reference)
-        # the torch backend trains the model in place, so the engine can share it (sync is free);
-        # other backends hand weights over to a separate rollout copy.
-        shared = r.learner.backend == "torch" and r.learner.dtype == r.model.dtype
-        self.engine_model = self.model if shared else copy.deepcopy(self.learner.model).eval()
+        self.engine_model = self.model if shared else rollout_copy.to(next(self.learner.model.parameters()).dtype)
         self.engine = NativeEngine(self.engine_model)
         self.step = 0
         self.first_eval: float | None = None
@@ -202,13 +204,15 @@ class LocalTrainer:
                  "first_eval": self.first_eval}
         final = checkpoint_dir(self.run_dir, self.step)
         staged = final.parent / f".staged-{final.name}"
+        # ZeRO-3 partitions the parameters: gather the full weights (a collective) for the model files
+        weights = self.learner.state_dict_for_rollout() if self._zero3 else None
         if self.ranks.world > 1:
             if self.ranks.main:
                 shutil.rmtree(staged, ignore_errors=True)  # left by a crash; DeepSpeed creates it anew
             self.learner.backend.save(staged)  # returns once every rank has written
 
         def write(tmp: Path) -> None:
-            write_model_dir(tmp, self.learner_model(), self.tokenizer, to_dict(self.recipe))
+            write_model_dir(tmp, self.learner_model(), self.tokenizer, to_dict(self.recipe), state_dict=weights)
             if self.ranks.world > 1:
                 for item in staged.iterdir():
                     os.replace(item, tmp / item.name)
@@ -221,6 +225,10 @@ class LocalTrainer:
             atomic_dir(final, write)
         self.ranks.barrier()  # the checkpoint is complete before any rank moves on
         return final
+
+    @property
+    def _zero3(self) -> bool:
+        return self.recipe.learner.backend == "deepspeed" and self.recipe.learner.zero_stage == 3
 
     def learner_model(self):
         from rltt.learner import unwrap
@@ -237,8 +245,8 @@ class LocalTrainer:
         weights = {}
         for f in sorted(ckpt.glob("*.safetensors")):
             weights.update(load_file(str(f)))
-        model = self.learner_model()
-        model.load_state_dict(weights, strict=False)
+        if not self._zero3:  # ZeRO-3's partitioned parameters come back from its own checkpoint
+            self.learner_model().load_state_dict(weights, strict=False)
         self.learner.backend.load(ckpt)
         self.prompts.load_state_dict(state["prompts"])
         set_rng_state(state["rng"])

@@ -59,10 +59,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def write_model_dir(path: Path, model, tokenizer, recipe: dict | None = None) -> None:
-    """``save_pretrained`` of model and tokenizer (+ the recipe) into ``path``."""
+def write_model_dir(path: Path, model, tokenizer, recipe: dict | None = None, state_dict: dict | None = None) -> None:
+    """``save_pretrained`` of model and tokenizer (+ the recipe) into ``path``; ``state_dict``
+    replaces the model's own tensors (e.g. weights gathered from ZeRO-3 partitions)."""
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(path)
     if recipe is not None:
         (path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))

@@ -28,8 +28,16 @@ def run(stage: int, out: str) -> None:
     ds_losses = [learner.train_step(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world)))["loss/total"]
                  for b in batches]
     ds_state = {k: v.float() for k, v in learner.state_dict_for_rollout().items()}
-    if rank != 0:
-        return
+    if rank == 0:
+        compare(ds_losses, ds_state, algo, cfg, batches, world, out)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # no rank exits while the gloo group is alive (that aborted rank 1 at times)
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def compare(ds_losses, ds_state, algo, cfg, batches, world: int, out: str) -> None:
     torch_model = tiny_policy(seed=0)
     ref = Learner(torch_model, LearnerConfig(backend="torch", **cfg), algo, batch_size=4, max_len=8)
     torch_losses = [ref.train_step(b)["loss/total"] for b in batches]
