@@ -35,24 +35,28 @@ from rltt.rollout import NativeEngine, SamplingParams
 SECTION = "## Rollout engine (bench/rollout.py)"
 
 NOTES = """\
-Reading the figures (targets: deferred >= 1.5x dense at E[t*] ~ 2.5/4; native >= 2x generate() at batch 32):
+Reading the figures (targets: deferred >= 1.5x dense at E[t*] ~ 2.5/4; native >= 2x generate() at batch 32;
+machine: 2 cores, idle, 1 thread, CPU time):
 
-- Deferred cuts serial passes per token exactly as the exits predict (T -> E[t*]; column 6), and
-  at batch 1, where a pass costs about the same whatever it holds (weight reads + per-op
-  overhead), that is what throughput follows: ~1.3-1.4x, near the ideal 3.9/2.75 = 1.42x for
-  these exits; the 1.5x target needs E[t*] <= 2.6 *and* free pending work, so it is missed.
-- At batch 8 and 32 one CPU core is compute-bound: pass time grows with the work items it
-  holds, and deferred computes almost the same (token, step) entries as dense (column 7:
-  pending steps are computed later, when a deeper token needs them; only the tail stays
-  pending). Fewer serial passes then buy nothing; deferred ~ dense (0.97-1.0x). The gain the
-  SPEC describes (and ScaleRLT's 1.56x) needs a pass whose cost does not grow with the pending
-  items riding along: memory-bound decode on a GPU. Not measured here (no GPU for this task).
-- Native vs generate() with final exits: both run identical FLOPs (T passes per token, one
-  KV slot per (step, layer)); on a compute-bound CPU the preallocated cache and batched
-  passes cannot make up a 2x, and native's per-pass bookkeeping (planning, step groups,
-  schedule record) costs 5-15%, so native is 0.85-0.95x. The 2x target is missed on CPU.
-- Machine: 2 shared cores, load average 5-9 from other jobs during the run; with 2 threads
-  OpenMP hand-offs stalled and wall-clock throughput fell ~10x, hence 1 thread and CPU time.
+- Deferred cuts serial passes per token exactly as the exits predict (T -> E[t*]; column 6). At
+  batch 1, where a pass costs about the same whatever it holds (weight reads + per-op
+  overhead), throughput follows: 1.39x at E[t*] = 2.19 (ideal 3.94/2.19 = 1.8x; the rest is the
+  pending work riding along). The 1.5x target is missed at batch >= 8.
+- At batch 8-64 pass time grows with the (token, step) entries it holds, and deferred computes
+  almost the same entries as dense (column 7: a deeper later token needs the pending entries of
+  earlier ones; only the tail stays pending). On the d=512 model one core is compute-bound
+  (~90 GFLOP/s in the GEMMs) and deferred gains 1.06-1.15x; on the tiny model (d=128, L=2)
+  per-item costs of the small ops dominate and deferred ~ dense. The SPEC's gain (ScaleRLT's
+  1.56x) needs passes whose cost does not grow with the pending entries riding along:
+  memory-bound decode on a GPU. Not measured: no GPU was lent to this task.
+- Native vs generate() with final exits run identical FLOPs per token. With one prompt per row
+  native is 0.93-0.95x (its T passes per token each pay a little scheduling). In RL-shaped
+  batches (G = 8 rows per prompt, second table) native computes each prompt once and forks its
+  KV state to the G rows: 1.17x at batch 32 on d=512 (prompt 16 tokens, 32 new; the share
+  grows with the prompt length). On the tiny model the per-pass overhead of T passes against
+  generate()'s one forward per token costs 5-20%. The 2x target is missed on CPU.
+- Since the first version of this table: one attention call per pass for all single-token
+  entries (not one per step group), counter-based vectorised sampling, shared prompt prefill.
 """
 
 
