@@ -27,8 +27,8 @@ from rltt.model.layers import sdpa
 
 @dataclass
 class _Part:
-    q_idx: torch.Tensor  # (R, Wq) packed index of each query slot (N = padding)
-    k_idx: torch.Tensor  # (R, Wk) packed index of each key slot (N = padding)
+    q_idx: torch.Tensor  # (R, Wq) packed index of each query slot (padding: any index, see below)
+    k_idx: torch.Tensor  # (R, Wk) packed index of each key slot (padding: any index, see below)
     mask: torch.Tensor  # (R, 1, Wq, Wk) bool, True = attend
 
 
@@ -113,9 +113,14 @@ class PackedLayout:
         def dev(t):
             return t.to(device)
 
+        def gather_index(t):
+            # padding slots read token 0: a padding key is masked out for every real query, and a
+            # padding query's output is never read back, so what they hold does not matter
+            return dev(torch.where(t == N, torch.zeros_like(t), t))
+
         return PackedLayout(
             input_ids=dev(flat_ids[:N]), positions=dev(flat_pos[:N]), packed_of=dev(packed_of),
-            parts=tuple(_Part(dev(p.q_idx), dev(p.k_idx), dev(p.mask)) for p in (prefix, suffix)),
+            parts=tuple(_Part(gather_index(p.q_idx), gather_index(p.k_idx), dev(p.mask)) for p in (prefix, suffix)),
             back_idx=dev(back), num_prefixes=U,
         )
 
@@ -161,11 +166,7 @@ class PackedAttend:
         self.layout, self.scale = layout, scale
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        def flat(x):  # (1, H, N, D) → (N + 1, H, D) with a zero row for padding slots
-            x = x[0].transpose(0, 1)
-            return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-
-        qf, kf, vf = flat(q), flat(k), flat(v)
+        qf, kf, vf = (x[0].transpose(0, 1) for x in (q, k, v))  # (N, H, D)
         outs = []
         for part in self.layout.parts:
             Q = qf[part.q_idx].transpose(1, 2)  # (R, Hq, Wq, D)

@@ -105,14 +105,17 @@ class GroupedAttend:
     def __init__(self, cache: StepKVCache, groups: list[SlotGroup], item_rows: torch.Tensor,
                  item_pos: torch.Tensor, item_steps: torch.Tensor, scale: float):
         self.cache, self.groups, self.scale = cache, groups, scale
-        self.write_index = (item_steps - 1, item_rows)
-        self.item_pos = item_pos
+        # each item's (k, v) rows in the cache viewed as (T·R·Hkv·max_len, D): one index_copy_ per write
+        _, R, H, L, _ = cache.keys[0].shape
+        heads = torch.arange(H, device=item_rows.device)
+        base = ((item_steps - 1) * R + item_rows) * (H * L) + item_pos
+        self.write_rows = (base[:, None] + heads[None, :] * L).reshape(-1)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        steps_idx, rows_idx = self.write_index
-        keys[steps_idx, rows_idx, :, self.item_pos] = k[:, :, 0]
-        values[steps_idx, rows_idx, :, self.item_pos] = v[:, :, 0]
+        head_dim = k.shape[-1]
+        keys.view(-1, head_dim).index_copy_(0, self.write_rows, k[:, :, 0].reshape(-1, head_dim))
+        values.view(-1, head_dim).index_copy_(0, self.write_rows, v[:, :, 0].reshape(-1, head_dim))
         n_items, num_heads, _, head_dim = q.shape
         num_kv = k.shape[1]
         n_rep = num_heads // num_kv
