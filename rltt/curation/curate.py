@@ -1,12 +1,13 @@
 """The curation loop (SPEC §5): k completions per prompt → solve rate → the kept band.
 
 `run_curation` takes any `RolloutEngine`, so the policy can be a real LoopLM or a scripted test
-engine. For every prompt not yet in the output it samples ``samples`` completions in one
-``generate`` call seeded by `prompt_seed` (the recipe seed and the prompt id — not the prompt's
-position or the batch), scores them with the reward runner, and appends the prompt's record to
-the output journal at once. A killed run therefore loses at most the prompt in flight, and a
-rerun skips every recorded prompt and samples the rest exactly as the uninterrupted run would
-have. At the end it writes the full output in source order, the kept (in-band) set as a GSM8K
+engine. Prompts not yet in the output are sampled in blocks of consecutive source positions
+(``rows_per_call`` completions per ``generate`` call: ``rows_per_call // samples`` prompts), each
+prompt with its own seed, `prompt_seed` (the recipe seed and the prompt id — not the prompt's
+position or the batch; ``SamplingParams.prompt_seeds``), scored with the reward runner, and the
+block's records are appended to the output journal at once. A killed run therefore loses at
+most the block in flight, and a rerun skips every recorded prompt and samples the rest exactly
+as the uninterrupted run would have (the blocks are fixed by source position). At the end it writes the full output in source order, the kept (in-band) set as a GSM8K
 file, and a solve-rate histogram PNG.
 
 Files, for ``--out curated.jsonl`` (or ``curated.parquet``):
@@ -101,6 +102,11 @@ class CurationJob:
     seed: int = 0
     fingerprint: dict = field(default_factory=dict)
     progress: bool = True
+    rows_per_call: int = 64  # completions per generate call (whole prompts; at least one prompt)
+
+    @property
+    def prompts_per_call(self) -> int:
+        return max(1, self.rows_per_call // self.samples)
 
     def settings_digest(self) -> str:
         s = self.sampling
@@ -215,24 +221,30 @@ def _load_finished(paths: CurationPaths, journal: RecordJournal, check) -> list[
     return records
 
 
-def _sample_prompt(job: CurationJob, record: dict, engine: RolloutEngine, encode, decode,
-                   runner: RewardRunner, digest: str) -> dict:
-    """Sample and score one prompt; its output record."""
-    task = make_task(record, encode, job.template)
-    params = replace(job.sampling, n=job.samples, seed=prompt_seed(job.seed, task.id))
-    rollout = engine.generate([task.prompt_ids], params)
-    groups = score_rollout(rollout, [task], decode, runner)
-    flags = solved(groups, runner.names[0])
-    mask = rollout.completion_mask
-    tokens = int(mask.sum())
-    rate = sum(flags) / len(flags)
-    return {
-        "id": task.id, "question": record["question"], "answer": record["answer"], "prompt": task.prompt,
-        "solve_rate": rate, "rewards": [float(r) for r in groups.rewards], "solved": [bool(f) for f in flags],
-        "mean_exit_step": float(rollout.exit_steps[mask].float().sum()) / tokens if tokens else 0.0,
-        "mean_length": tokens / len(flags), "reward_errors": len(groups.errors),
-        "in_band": job.band.contains(rate), "source": job.source, "settings": digest,
-    }
+def _sample_prompts(job: CurationJob, records: list[dict], engine: RolloutEngine, encode, decode,
+                    runner: RewardRunner, digest: str) -> list[dict]:
+    """Sample and score a block of prompts in one call; their output records."""
+    tasks = [make_task(record, encode, job.template) for record in records]
+    params = replace(job.sampling, n=job.samples, prompt_seeds=[prompt_seed(job.seed, t.id) for t in tasks])
+    rollout = engine.generate([t.prompt_ids for t in tasks], params)
+    scored = score_rollout(rollout, tasks, decode, runner)
+    out = []
+    for i, (task, record) in enumerate(zip(tasks, records)):
+        groups = scored.select_groups([i])
+        flags = solved(groups, runner.names[0])
+        rows = slice(i * job.samples, (i + 1) * job.samples)
+        mask = rollout.completion_mask[rows]
+        tokens = int(mask.sum())
+        rate = sum(flags) / len(flags)
+        out.append({
+            "id": task.id, "question": record["question"], "answer": record["answer"], "prompt": task.prompt,
+            "solve_rate": rate, "rewards": [float(r) for r in groups.rewards], "solved": [bool(f) for f in flags],
+            "mean_exit_step": float(rollout.exit_steps[rows][mask].float().sum()) / tokens if tokens else 0.0,
+            "mean_length": tokens / len(flags),
+            "reward_errors": sum(e.prompt_id == task.id for e in scored.errors),
+            "in_band": job.band.contains(rate), "source": job.source, "settings": digest,
+        })
+    return out
 
 
 def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner: RewardRunner) -> CurationResult:
@@ -257,15 +269,20 @@ def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner
     bar = tqdm(total=len(by_id), initial=len(by_id) - len(pending), desc="rltt curate", unit="prompt",
                disable=not job.progress, dynamic_ncols=True)
     kept = sum(job.band.contains(r["solve_rate"]) for r in finished)
+    position = {rid: i for i, rid in enumerate(by_id)}
+    blocks: dict[int, list[dict]] = {}
+    for record in pending:
+        blocks.setdefault(position[record["id"]] // job.prompts_per_call, []).append(record)
     with bar:
-        for record in pending:
-            new = _sample_prompt(job, record, engine, encode, decode, runner, digest)
-            journal.append([new])
-            done[new["id"]] = new
-            order.append(new["id"])
-            kept += new["in_band"]
-            bar.update(1)
-            bar.set_postfix(kept=kept, solve=f"{new['solve_rate']:.2f}")
+        for block in blocks.values():
+            news = _sample_prompts(job, block, engine, encode, decode, runner, digest)
+            journal.append(news)
+            for new in news:
+                done[new["id"]] = new
+                order.append(new["id"])
+                kept += new["in_band"]
+            bar.update(len(news))
+            bar.set_postfix(kept=kept, solve=f"{news[-1]['solve_rate']:.2f}")
 
     records = [done[rid] for rid in by_id]
     stale = [r for r in records if r["in_band"] != job.band.contains(r["solve_rate"])]

@@ -16,7 +16,8 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        """Sample ``params.n`` completions for each prompt (token ids); see `RolloutBatch`."""
+        """Sample ``params.n`` completions for each prompt (token ids); see `RolloutBatch`. An engine
+        honours ``params.prompt_seeds`` (one seed per prompt) when given, else ``params.seed``."""
 
     @abstractmethod
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -82,7 +82,9 @@ class NativeEngine(RolloutEngine):
         for r, i in enumerate(prompt_index):
             executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
         sched = Scheduler(params.schedule, T, lengths)
-        random = RowRandom(seed, executor.device)
+        if params.prompt_seeds is not None and len(params.prompt_seeds) != len(prompts):
+            raise RlttError(f"SamplingParams.prompt_seeds: {len(params.prompt_seeds)} seeds for {len(prompts)} prompts")
+        random = RowRandom(seed, executor.device, num_rows, params.prompt_seeds, params.n)
         decider = ExitDecider(policy, T, random, num_rows)
         decider.start_tokens(list(range(num_rows)), [0] * num_rows)
         stops = set(params.stop_token_ids)

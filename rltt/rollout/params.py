@@ -26,8 +26,12 @@ class SamplingParams:
       ``eos_token_id`` is added unless ``ignore_eos``.
     - ``stop_strings`` (+ ``decoder``: token ids -> text, e.g. ``tokenizer.decode``): the
       completion ends once its decoded text contains one of them (tokens are kept whole).
-    - ``seed``: seeds one torch.Generator per row (from (seed, row)), so a row's draws do not
-      depend on the batch or schedule; None draws a seed (recorded in the batch).
+    - ``seed``: row r's draws (tokens, sampled exits) are a counter-based hash of (seed, r, token
+      index), so they depend neither on the batch-mates nor on the schedule; None draws a seed
+      (recorded in the batch).
+    - ``prompt_seeds``: one seed per prompt instead: the j-th row of prompt i draws from
+      (prompt_seeds[i], j), so a prompt's samples do not depend on the other prompts of the call
+      (batched curation); equal to a one-prompt call with ``seed=prompt_seeds[i]``.
     - ``n``: completions per prompt (a group); rows are prompt-major.
     - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (SPEC §1.4);
       None uses the model config's.
@@ -43,6 +47,7 @@ class SamplingParams:
     decoder: Decoder | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    prompt_seeds: list[int] | None = None
     n: int = 1
     exit_policy: str | ExitPolicy | None = None
     schedule: str = "deferred"
@@ -73,6 +78,9 @@ class SamplingParams:
             bad("n", "must be an int >= 1")
         if self.seed is not None and not is_int(self.seed):
             bad("seed", "must be an int or None")
+        if self.prompt_seeds is not None and (isinstance(self.prompt_seeds, (str, bytes))
+                                              or not all(is_int(s) for s in self.prompt_seeds)):
+            bad("prompt_seeds", "must be a list of ints (one per prompt) or None")
         if self.schedule not in SCHEDULES:
             bad("schedule", f"must be one of {' | '.join(SCHEDULES)}")
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(is_int(t) for t in self.stop_token_ids):

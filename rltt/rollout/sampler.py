@@ -47,20 +47,30 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
 
 
 class RowRandom:
-    """Counter-based uniforms: ``uniform(rows, counters, stream)`` is a pure function of
-    (seed, row, counter, stream), in [0, 1) with 53 random bits, on ``device``."""
+    """Counter-based uniforms: ``uniform(rows, counters, stream)`` is a pure function of the
+    row's key, the counter and the stream, in [0, 1) with 53 random bits, on ``device``.
+
+    A row's key comes from (seed, row) — or, with per-prompt seeds, from (prompt seed, the row's
+    sample index within its prompt), so a prompt's samples do not depend on which other prompts
+    share the call (one prompt per call with ``seed=s`` draws what ``prompt_seeds=[s]`` draws)."""
 
     TOKEN, EXIT = 0, 1  # streams
 
-    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+    def __init__(self, seed: int, device: torch.device | str = "cpu", num_rows: int | None = None,
+                 prompt_seeds: list[int] | None = None, n: int = 1):
         self.device = torch.device(device)
-        self.key = int(_splitmix64(torch.tensor([seed % (1 << 63)], dtype=torch.long))[0])
+        if prompt_seeds is not None:
+            seeds = torch.tensor([s % (1 << 63) for s in prompt_seeds], dtype=torch.long).repeat_interleave(n)
+            index = torch.arange(len(prompt_seeds) * n) % n
+        else:
+            rows = num_rows if num_rows is not None else 1
+            seeds, index = torch.full((rows,), seed % (1 << 63), dtype=torch.long), torch.arange(rows)
+        self.keys = _splitmix64(_splitmix64(seeds) ^ (index * _ROW)).to(self.device)  # (R,)
 
     def uniform(self, rows, counters, stream: int) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
         counters = torch.as_tensor(counters, dtype=torch.long, device=self.device)
-        x = _splitmix64(self.key ^ (rows * _ROW))
-        x = _splitmix64(x ^ (counters * _COUNTER) ^ (stream * _STREAM))
+        x = _splitmix64(self.keys[rows] ^ (counters * _COUNTER) ^ (stream * _STREAM))
         return _shr(x, 11).double() * 2.0**-53
 
 

@@ -39,7 +39,7 @@ def records(n: int, prefix: str = "q") -> list[dict]:
 
 
 class ScriptedEngine(RolloutEngine):
-    """Answers ``correct[id]`` of a prompt's samples right; logs every call's (prompt ids, seed)."""
+    """Answers ``correct[id]`` of a prompt's samples right; logs every call's (prompt ids, seeds)."""
 
     def __init__(self, records: list[dict], correct: dict[str, int], fail_after: int | None = None):
         self.by_question = {r["question"]: r for r in records}
@@ -51,18 +51,19 @@ class ScriptedEngine(RolloutEngine):
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise KeyboardInterrupt("killed")
         rows, exit_rows, ids = [], [], []
-        for prompt in prompts:
+        seeds = params.prompt_seeds if params.prompt_seeds is not None else [params.seed] * len(prompts)
+        for prompt, seed in zip(prompts, seeds):
             question = decode(prompt).removeprefix("Question: ").removesuffix("\nAnswer:")  # default template
             record = self.by_question[question]
             ids.append(record["id"])
             answer = reference_answer(record["answer"])
-            rng = random.Random(params.seed)
+            rng = random.Random(seed)
             for j in range(params.n):
                 good = j < self.correct[record["id"]]
                 completion = encode(f" so #### {answer if good else -1}")
                 rows.append(completion)
                 exit_rows.append([rng.randint(1, NUM_LOOPS) for _ in completion])
-        self.calls.append((ids, params.seed))
+        self.calls.append((ids, list(seeds)))
         return _batch(prompts, params, rows, exit_rows)
 
     def load_weights(self, state_dict) -> None:  # the scripted policy has no weights

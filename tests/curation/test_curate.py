@@ -21,7 +21,7 @@ RATES = {rid: k / 4 for rid, k in CORRECT.items()}
 
 
 def job(out, records=RECORDS, **kw) -> CurationJob:
-    kw = {"samples": 4, "source": "scripted", "seed": 3, "progress": False, **kw}
+    kw = {"samples": 4, "source": "scripted", "seed": 3, "progress": False, "rows_per_call": 4, **kw}
     return CurationJob(records=records, out=out, **kw)
 
 
@@ -48,8 +48,8 @@ def test_known_solve_rates_band_and_outputs(tmp_path):
     assert q3["prompt"] == "Question: What is 3 plus 10?\nAnswer:"
     assert 1 <= q3["mean_exit_step"] <= fakes.NUM_LOOPS
     assert {r["id"] for r in records if r["in_band"]} == {"q1", "q2", "q3", "q5"}  # 0.1 <= s <= 0.9
-    # one generate call per prompt, K samples, seeded by (seed, prompt id)
-    assert engine.calls == [([r["id"]], prompt_seed(3, r["id"])) for r in RECORDS]
+    # one generate call per prompt (rows_per_call = K), K samples, seeded by (seed, prompt id)
+    assert engine.calls == [([r["id"]], [prompt_seed(3, r["id"])]) for r in RECORDS]
     kept = load_gsm8k(tmp_path / "curated.kept.jsonl")
     assert [(k["id"], k["question"], k["answer"]) for k in kept] == \
         [(r["id"], r["question"], r["answer"]) for r in RECORDS if r["id"] in {"q1", "q2", "q3", "q5"}]
@@ -59,6 +59,21 @@ def test_known_solve_rates_band_and_outputs(tmp_path):
     assert "     0.500   *    " in summary  # the text histogram: two prompts at 0.5, in the band
     png = tmp_path / "curated.hist.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prompts_are_sampled_in_blocks_fixed_by_source_position(tmp_path):
+    one = tmp_path / "one.jsonl"
+    curate(one)
+    out = tmp_path / "blocks.jsonl"
+    _, engine = curate(out, rows_per_call=9)  # 9 // 4 = 2 prompts per call
+    assert engine.calls == [(ids, [prompt_seed(3, i) for i in ids]) for ids in (["q0", "q1"], ["q2", "q3"], ["q4", "q5"])]
+    assert out.read_bytes() == one.read_bytes()  # per-prompt seeds: the batch does not change a prompt's samples
+
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(out.read_bytes().splitlines(keepends=True)[:3]))  # killed inside block 2
+    _, engine = curate(part, rows_per_call=9)
+    assert [ids for ids, _ in engine.calls] == [["q3"], ["q4", "q5"]]
+    assert part.read_bytes() == one.read_bytes()
 
 
 def test_band_is_inclusive_and_configurable(tmp_path):
