@@ -67,6 +67,8 @@ class PackedLayout:
         ids_cpu = input_ids.cpu()
         any_scored = scored.any(-1)
         first = torch.where(any_scored, scored.int().argmax(-1), lengths)
+        # inputs needed: positions before the last scored one (the last token's own state predicts nothing)
+        lengths = torch.where(any_scored, S - 1 - scored.flip(-1).int().argmax(-1), lengths)
         prefix_len = torch.minimum(first, lengths).clamp_min(1)  # position 0 is never scored
         suffix_len = lengths - prefix_len
 

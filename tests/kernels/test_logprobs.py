@@ -122,3 +122,19 @@ def test_triton_forward_split_merge(triton_interpret):
         lp, _, ent = triton_forward(rows, weight.detach(), targets, 1.0, splits=splits)
         torch.testing.assert_close(lp, ref.logprobs[0], **FP32_TOL)
         torch.testing.assert_close(ent, ref.entropy[0], **FP32_TOL)
+
+
+def test_loops_without_upstream_gradient_match_the_reference(impl):
+    """A final-loop loss gives loops 1..T-1 zero gradient: the backward skips their rows exactly."""
+    hidden, weight, targets = make_inputs(3, 7, 32, 96)
+    results = []
+    for fn in (lambda h, w: reference_logprobs(h, w, targets, temperature=0.8),
+               lambda h, w: per_loop_logprobs(h, w, targets, temperature=0.8, impl=impl, chunk_size=32)):
+        h, w = hidden.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+        out = fn(h, w)
+        (out.logprobs[-1] * torch.linspace(0.5, 1.5, 7)).sum().backward()  # only the last loop's log-probs
+        results.append((h.grad, w.grad))
+    (gh, gw), (rh, rw) = results[1], results[0]
+    assert torch.equal(gh[:-1], torch.zeros_like(gh[:-1]))
+    torch.testing.assert_close(gh, rh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gw, rw, atol=1e-5, rtol=1e-5)

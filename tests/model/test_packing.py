@@ -85,12 +85,15 @@ def test_layout_shares_each_prompt_once_and_drops_padding():
     assert layout.num_prefixes == 2
     lengths = attention.sum(-1)
     completions = score.sum(-1)
-    assert layout.num_tokens == 6 + 4 + int(completions.sum())
+    # each prompt once; each completion but its last token (whose state predicts nothing)
+    assert layout.num_tokens == 6 + 4 + int((completions - 1).clamp_min(0).sum())
     assert layout.num_tokens < int(lengths.sum()) <= ids.numel()
-    # every valid (row, position) maps to a packed token with its id and position
-    valid = attention.bool()
-    assert torch.equal(layout.input_ids[layout.packed_of[valid]], ids[valid])
-    assert torch.equal(layout.positions[layout.packed_of[valid]], torch.arange(ids.shape[1]).expand_as(ids)[valid])
+    # every input the scores need maps to a packed token with its id and position
+    needed = attention.bool() & ~(score & ~torch.roll(score, -1, 1))  # all but each row's last scored token
+    needed[completions == 0] = attention.bool()[completions == 0]
+    assert torch.equal(layout.input_ids[layout.packed_of[needed]], ids[needed])
+    assert torch.equal(layout.positions[layout.packed_of[needed]], torch.arange(ids.shape[1]).expand_as(ids)[needed])
+    assert bool((layout.packed_of[~needed] == layout.num_tokens).all())
 
 
 def test_rows_whose_prompts_match_but_split_differently_are_not_merged():
