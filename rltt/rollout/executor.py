@@ -13,10 +13,40 @@ it, which is exactly what its next step needs (steps of a token are computed in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.cache import GroupedAttend, StepKVCache, plan_groups
+from rltt.rollout.cache import GroupedAttend, SlotGroup, StepKVCache, plan_groups
+
+
+@dataclass
+class _PassPlan:
+    """What a pass needs that depends only on its ranges (and, for the groups, its step). Tokens at
+    positions ≤ a range's end never change, so the embeddings can be reused too."""
+
+    key: tuple
+    uniform: bool  # every range at the same step
+    step: int
+    last: torch.Tensor
+    item_rows: torch.Tensor
+    item_pos: torch.Tensor
+    item_steps: torch.Tensor
+    embeds: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    groups: list[SlotGroup]
+
+    def restep(self, step: int, num_cache_rows: int) -> None:
+        """The same ranges at another (uniform) step: move the cache slots the groups read."""
+        if step == self.step:
+            return
+        shift = (step - self.step) * num_cache_rows
+        self.groups = [replace(g, slots=g.slots + shift, step_view=None if g.step_view is None else step)
+                       for g in self.groups]
+        self.item_steps = torch.full_like(self.item_steps, step)
+        self.step = step
 
 
 class PassExecutor:
@@ -43,11 +73,40 @@ class PassExecutor:
         self.gates = torch.full((cfg.num_loops, num_rows, max_len), float("nan"), device=self.device)
         positions = torch.arange(max_len, device=self.device)[:, None]
         self.cos, self.sin = self.inner.rotary_emb(positions, self.dtype)  # (max_len, 1, D), once
+        self._plan: _PassPlan | None = None
 
     @torch.no_grad()
     def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
         """Execute one pass. Returns ``(h (N, d), gates (N,) fp32, last (n,))`` where items are
         ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
+        plan = self._plan_for(rows, starts, ends, steps)
+        item_rows, item_pos, item_steps, embeds = plan.item_rows, plan.item_pos, plan.item_steps, plan.embeds
+        first = item_steps == 1
+        carry = self.carry[item_rows, item_pos]
+        if plan.uniform:
+            if steps[0] == 1:
+                carry = embeds
+        elif bool(first.any()):
+            carry = torch.where(first[:, None], embeds, carry)
+        step = steps[0] if plan.uniform else item_steps  # an int keeps LoRA on its batched path
+        z = self.inner.inject(embeds[:, None], carry[:, None], step)  # (N, 1, d): one item per row
+        attend = GroupedAttend(self.cache, plan.groups, item_rows, item_pos, item_steps, self.scale)
+        s = self.inner.block(z, plan.cos, plan.sin, attend, step)
+        h = self.inner.final_norm(s)
+        gates = self.inner.gate(h)[:, 0]
+        self.carry[item_rows, item_pos] = self.inner.carry(s, h)[:, 0]
+        self.gates[item_steps - 1, item_rows, item_pos] = gates
+        return h[:, 0], gates, plan.last
+
+    def _plan_for(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]) -> "_PassPlan":
+        """The pass's items, embeddings, RoPE tables and attention groups. A dense token's T passes
+        repeat the same ranges one step deeper: the previous plan is reused, re-stepped."""
+        uniform = all(s == steps[0] for s in steps)
+        key = (tuple(rows), tuple(starts), tuple(ends))
+        cached = self._plan
+        if uniform and cached is not None and cached.key == key:
+            cached.restep(steps[0], self.num_rows)
+            return cached
         device = self.device
         counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)], device=device)
         n_items = int(counts.sum())
@@ -61,24 +120,13 @@ class PassExecutor:
             item_rows, item_steps = rows_t[owner], steps_t[owner]
             item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
                 + torch.tensor(starts, device=device)[owner]
-
-        embeds = self.inner.embed_tokens(self.tokens[item_rows, item_pos])  # (N, d)
-        first = item_steps == 1
-        carry = self.carry[item_rows, item_pos]
-        if bool(first.any()):
-            carry = torch.where(first[:, None], embeds, carry)
-        uniform = all(s == steps[0] for s in steps)
-        step = steps[0] if uniform else item_steps  # an int keeps LoRA on its batched path
-        z = self.inner.inject(embeds[:, None], carry[:, None], step)  # (N, 1, d): one item per row
-        cos, sin = self.cos[item_pos], self.sin[item_pos]
-        groups = plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device)
-        attend = GroupedAttend(self.cache, groups, item_rows, item_pos, item_steps, self.scale)
-        s = self.inner.block(z, cos, sin, attend, step)
-        h = self.inner.final_norm(s)
-        gates = self.inner.gate(h)[:, 0]
-        self.carry[item_rows, item_pos] = self.inner.carry(s, h)[:, 0]
-        self.gates[item_steps - 1, item_rows, item_pos] = gates
-        return h[:, 0], gates, last
+        plan = _PassPlan(
+            key=key, uniform=uniform, step=steps[0], last=last, item_rows=item_rows, item_pos=item_pos,
+            item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
+            cos=self.cos[item_pos], sin=self.sin[item_pos],
+            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device))
+        self._plan = plan if uniform else None
+        return plan
 
     @torch.no_grad()
     def fork(self, pairs: list[list[int]]) -> None:
