@@ -40,23 +40,24 @@ machine: 2 cores, idle, 1 thread, CPU time):
 
 - Deferred cuts serial passes per token exactly as the exits predict (T -> E[t*]; column 6). At
   batch 1, where a pass costs about the same whatever it holds (weight reads + per-op
-  overhead), throughput follows: 1.39x at E[t*] = 2.19 (ideal 3.94/2.19 = 1.8x; the rest is the
+  overhead), throughput follows: 1.40x at E[t*] = 2.19 (ideal 3.94/2.19 = 1.8x; the rest is the
   pending work riding along). The 1.5x target is missed at batch >= 8.
 - At batch 8-64 pass time grows with the (token, step) entries it holds, and deferred computes
   almost the same entries as dense (column 7: a deeper later token needs the pending entries of
   earlier ones; only the tail stays pending). On the d=512 model one core is compute-bound
-  (~90 GFLOP/s in the GEMMs) and deferred gains 1.06-1.15x; on the tiny model (d=128, L=2)
-  per-item costs of the small ops dominate and deferred ~ dense. The SPEC's gain (ScaleRLT's
-  1.56x) needs passes whose cost does not grow with the pending entries riding along:
-  memory-bound decode on a GPU. Not measured: no GPU was lent to this task.
+  (~90 GFLOP/s in the GEMMs): deferred 1.01-1.10x; on the tiny model (d=128, L=2) the small ops
+  of the multi-token entries cost more than the passes saved: 0.89-0.94x. The SPEC's gain
+  (ScaleRLT's 1.56x) needs passes whose cost does not grow with the pending entries riding
+  along: memory-bound decode on a GPU. Not measured: no GPU was lent to this task.
 - Native vs generate() with final exits run identical FLOPs per token. With one prompt per row
-  native is 0.93-0.95x (its T passes per token each pay a little scheduling). In RL-shaped
-  batches (G = 8 rows per prompt, second table) native computes each prompt once and forks its
-  KV state to the G rows: 1.17x at batch 32 on d=512 (prompt 16 tokens, 32 new; the share
-  grows with the prompt length). On the tiny model the per-pass overhead of T passes against
-  generate()'s one forward per token costs 5-20%. The 2x target is missed on CPU.
-- Since the first version of this table: one attention call per pass for all single-token
-  entries (not one per step group), counter-based vectorised sampling, shared prompt prefill.
+  native is 0.95-0.97x. In RL-shaped batches (G = 8 rows per prompt, second and third tables)
+  native computes each prompt once and forks its KV state to the G rows: 1.22x at batch 32 on
+  d=512 (prompt 16 tokens, 32 new; the share grows with the prompt length), 0.84-1.08x on the
+  tiny model, where generate()'s one forward per token has less per-pass overhead than native's
+  T passes. The 2x target is missed on CPU.
+- Since the first version of these tables: one attention call per pass for all single-token
+  entries (not one per step group), a dense token's T passes reuse one pass plan, counter-based
+  vectorised sampling, shared prompt prefill.
 """
 
 
