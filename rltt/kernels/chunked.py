@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from rltt.kernels.rows import backward_live_rows
+
 
 def _chunks(vocab: int, chunk_size: int):
     for start in range(0, vocab, chunk_size):
@@ -110,18 +112,12 @@ class ChunkedLogProbs(torch.autograd.Function):
     def backward(ctx, grad_lp, grad_ent):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_lp, grad_ent = grad_lp.float(), grad_ent.float()
-        # rows whose outputs get no gradient (e.g. the loops a final-loop loss ignores) add exactly 0
-        live = (grad_lp != 0) | (grad_ent != 0)
-        index = None if bool(live.all()) else live.nonzero().squeeze(1)
-        h = hidden.float() if index is None else hidden.index_select(0, index).float()
-        if index is not None:
-            targets, lse, entropy = targets[index], lse[index], entropy[index]
-            grad_lp, grad_ent = grad_lp[index], grad_ent[index]
-        grad_h, grad_w = chunked_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent,
-                                          ctx.inv_temp, ctx.chunk_size, need_hidden, need_weight)
-        if grad_h is not None and index is not None:
-            grad_h = torch.zeros(hidden.shape, dtype=grad_h.dtype, device=grad_h.device).index_copy_(0, index, grad_h)
+
+        def rows_backward(h, targets, lse, entropy, grad_lp, grad_ent):
+            return chunked_backward(h.float(), weight, targets, lse, entropy, grad_lp, grad_ent, ctx.inv_temp,
+                                    ctx.chunk_size, need_hidden, need_weight)
+
+        grad_h, grad_w = backward_live_rows(rows_backward, hidden, targets, lse, entropy, grad_lp.float(), grad_ent.float())
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
         return grad_h, grad_w, None, None, None

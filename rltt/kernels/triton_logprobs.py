@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from rltt.kernels.rows import backward_live_rows
+
 
 def _fwd_kernel(H, W, Y, M_OUT, S_OUT, U_OUT, ZY_OUT,
                 n_rows, vocab, dim, blocks_per_split, inv_temp,
@@ -224,14 +226,14 @@ class TritonLogProbs(torch.autograd.Function):
     def backward(ctx, grad_lp, grad_ent):
         h, w, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if h.shape[0] == 0:
-            grad_h = torch.zeros_like(h) if need_hidden else None
-            grad_w = torch.zeros_like(w) if need_weight else None
-        else:
-            grad_h, grad_w = triton_backward(
-                h, w, targets, lse, entropy, grad_lp.float().contiguous(),
-                grad_ent.float().contiguous(), ctx.inv_temp, ctx.chunk_size,
-                need_hidden, need_weight)
+
+        def rows_backward(h, targets, lse, entropy, grad_lp, grad_ent):
+            if h.shape[0] == 0:
+                return (torch.zeros_like(h) if need_hidden else None), (torch.zeros_like(w) if need_weight else None)
+            return triton_backward(h, w, targets, lse, entropy, grad_lp.contiguous(), grad_ent.contiguous(),
+                                   ctx.inv_temp, ctx.chunk_size, need_hidden, need_weight)
+
+        grad_h, grad_w = backward_live_rows(rows_backward, h, targets, lse, entropy, grad_lp.float(), grad_ent.float())
         hidden_dtype, weight_dtype = ctx.dtypes
         grad_h = grad_h.to(hidden_dtype) if grad_h is not None else None
         grad_w = grad_w.to(weight_dtype) if grad_w is not None else None
