@@ -25,11 +25,10 @@ def run(stage: int, out: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     learner = Learner(ds_model, LearnerConfig(backend="deepspeed", zero_stage=stage, **cfg), algo,
                       batch_size=4 // world, max_len=8)
-    ds_losses = [learner.train_step(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world)))["loss/total"]
-                 for b in batches]
+    ds_metrics = [learner.train_step(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world))) for b in batches]
     ds_state = {k: v.float() for k, v in learner.state_dict_for_rollout().items()}
     if rank == 0:
-        compare(ds_losses, ds_state, algo, cfg, batches, world, out)
+        compare(ds_metrics, ds_state, algo, cfg, batches, world, out)
     import torch.distributed as dist
 
     if dist.is_initialized():  # no rank exits while the gloo group is alive (that aborted rank 1 at times)
@@ -37,13 +36,21 @@ def run(stage: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def compare(ds_losses, ds_state, algo, cfg, batches, world: int, out: str) -> None:
+#: batch-level metrics every rank must report for the global batch, not its own shard
+GLOBAL_KEYS = ("policy/clip_frac", "policy/ratio_mean", "policy/ratio_max", "policy/ratio_min", "entropy/loop_1",
+               "entropy/loop_3", "exit/p_1", "exit/mean_step")
+
+
+def compare(ds_metrics, ds_state, algo, cfg, batches, world: int, out: str) -> None:
     torch_model = tiny_policy(seed=0)
     ref = Learner(torch_model, LearnerConfig(backend="torch", **cfg), algo, batch_size=4, max_len=8)
-    torch_losses = [ref.train_step(b)["loss/total"] for b in batches]
+    torch_metrics = [ref.train_step(b) for b in batches]
     diff = max((ds_state[k] - v.float()).abs().max().item() for k, v in torch_model.state_dict().items())
     with open(out, "w") as f:
-        json.dump({"ds_losses": ds_losses, "torch_losses": torch_losses, "max_param_diff": diff, "world": world}, f)
+        json.dump({"ds_losses": [m["loss/total"] for m in ds_metrics],
+                   "torch_losses": [m["loss/total"] for m in torch_metrics], "max_param_diff": diff, "world": world,
+                   "ds_global": [{k: m[k] for k in GLOBAL_KEYS} for m in ds_metrics],
+                   "torch_global": [{k: m[k] for k in GLOBAL_KEYS} for m in torch_metrics]}, f)
 
 
 if __name__ == "__main__":

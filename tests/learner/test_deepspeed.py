@@ -31,6 +31,10 @@ def _check(result_file: Path, world: int):
     for ds, ref in zip(result["ds_losses"], result["torch_losses"]):
         assert ds == pytest.approx(ref, rel=1e-3, abs=1e-5)
     assert result["max_param_diff"] < 1e-4
+    # clip/ratio statistics and loop telemetry describe the global batch on every rank count
+    for ds, ref in zip(result["ds_global"], result["torch_global"]):
+        for key, value in ref.items():
+            assert ds[key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
