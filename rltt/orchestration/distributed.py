@@ -32,7 +32,7 @@ class Ranks:
 
     @property
     def main(self) -> bool:
-        """Rank 0: the only rank that writes metrics, recipe.yaml and checkpoints, and evaluates."""
+        """Rank 0: the only rank that writes metrics, recipe.yaml and checkpoints."""
         return self.rank == 0
 
     def share(self, items: Sequence) -> list:

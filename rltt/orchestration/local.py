@@ -8,7 +8,8 @@ samples exactly what the uninterrupted run would have.
 
 Under ``torchrun`` with the DeepSpeed backend the loop is data-parallel (rltt.orchestration.
 distributed): each rank samples its share of the step's prompts with its own seed, the rollout
-metrics are merged across ranks, and rank 0 alone writes metrics, checkpoints and evaluates.
+metrics are merged across ranks, each rank evaluates its share of the held-out chunks, and rank
+0 alone writes metrics and checkpoints.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rltt.learner import Learner, frozen_copy
 from rltt.objectives import group_advantages, select_informative_groups
 from rltt.orchestration.distributed import RolloutTally, ranks_from_env
 from rltt.orchestration.groups import ScoredGroups, score_rollout, solved, to_learner_batch
-from rltt.orchestration.policy import evaluate, load_policy, resolve_model_path, stop_ids
+from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
 from rltt.orchestration.prompts import PromptStream, eval_tasks
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
@@ -183,19 +184,17 @@ class LocalTrainer:
 
     # -- evaluation, checkpoints ------------------------------------------------------------------
     def evaluate(self) -> dict:
-        """Held-out solve rate of the rollout policy (rank 0's engine; see ``evaluate_on_main``)."""
+        """Held-out solve rate of the rollout policy. With several ranks each evaluates its share
+        of the task chunks (every rank holds the same weights) and the sums are merged: the same
+        numbers as one process, in 1/world of the time. A collective: every rank calls it."""
         r = self.recipe
-        result = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
-                          r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
-                          exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule)
+        part = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
+                        r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
+                        exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule,
+                        shard=(self.ranks.rank, self.ranks.world))
+        result = EvalResult.merge(self.ranks.gather(part))
         return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
                 "eval/exit_step_mean": result.mean_exit_step}
-
-    def evaluate_on_main(self) -> dict:
-        """Rank 0 evaluates (every rank holds the same weights) while the others wait; {} on those."""
-        result = self.evaluate() if self.ranks.main else {}
-        self.ranks.barrier()
-        return result
 
     def save(self) -> Path:
         """Checkpoint atomically. With several ranks each writes its DeepSpeed shard (a collective
@@ -263,7 +262,7 @@ class LocalTrainer:
         final_eval = None
         main = self.ranks.main
         if self.step == 0 and r.train.eval_every > 0:
-            ev = self.evaluate_on_main()
+            ev = self.evaluate()
             if main:
                 self.first_eval = ev["eval/solve_rate"]
                 self.logger.log(0, ev)
@@ -274,7 +273,7 @@ class LocalTrainer:
             metrics = self.train_step(self.step)
             last = self.step == r.train.steps
             if r.train.eval_every > 0 and (self.step % r.train.eval_every == 0 or last):
-                metrics.update(self.evaluate_on_main())
+                metrics.update(self.evaluate())
                 final_eval = metrics.get("eval/solve_rate")
             if main:
                 self.logger.log(self.step, metrics)

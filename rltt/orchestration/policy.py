@@ -62,31 +62,63 @@ def stop_ids(tokenizer) -> list[int]:
 
 @dataclass
 class EvalResult:
-    solve_rate: float
-    reward_mean: float
+    """Sums over the evaluated samples; the rates are properties, so results of disjoint task
+    shards (data-parallel ranks) merge exactly with `EvalResult.merge`."""
+
+    solved: int
+    samples: int
+    reward_sum: float
     per_task: dict[str, float]  # task id -> fraction of its samples solved
-    mean_exit_step: float
+    exit_step_sum: float
+    tokens: int
+
+    @property
+    def solve_rate(self) -> float:
+        return self.solved / self.samples if self.samples else 0.0
+
+    @property
+    def reward_mean(self) -> float:
+        return self.reward_sum / self.samples if self.samples else 0.0
+
+    @property
+    def mean_exit_step(self) -> float:
+        return self.exit_step_sum / max(self.tokens, 1)
+
+    @classmethod
+    def merge(cls, parts: list["EvalResult"]) -> "EvalResult":
+        per_task: dict[str, float] = {}
+        for part in parts:
+            per_task.update(part.per_task)
+        return cls(sum(p.solved for p in parts), sum(p.samples for p in parts), sum(p.reward_sum for p in parts),
+                   per_task, sum(p.exit_step_sum for p in parts), sum(p.tokens for p in parts))
 
 
 def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, samples: int,
              temperature: float, max_new_tokens: int, seed: int, exit_policy=None, schedule="deferred",
-             chunk: int = 64) -> EvalResult:
-    """Sample ``samples`` completions per task and score them; the primary reward decides 'solved'."""
+             chunk: int = 64, shard: tuple[int, int] = (0, 1)) -> EvalResult:
+    """Sample ``samples`` completions per task and score them; the primary reward decides 'solved'.
+
+    Tasks go to the engine in chunks of ``chunk``, each seeded by its position; ``shard = (i, n)``
+    evaluates the chunks ``i, i + n, ...`` only, so the merged results of the n shards equal one
+    unsharded evaluation."""
     primary = runner.names[0]
-    solved_flags, rewards, per_task, exits, tokens = [], [], {}, 0.0, 0
-    for start in range(0, len(tasks), chunk):
+    rank, world = shard
+    result = EvalResult(0, 0, 0.0, {}, 0.0, 0)
+    for index, start in enumerate(range(0, len(tasks), chunk)):
+        if index % world != rank:
+            continue
         part = tasks[start:start + chunk]
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed + start,
                                 stop_token_ids=stop_ids(tokenizer), exit_policy=exit_policy, schedule=schedule)
         rollout = engine.generate([t.prompt_ids for t in part], params)
         groups = score_rollout(rollout, part, tokenizer.decode, runner)
         flags = solved(groups, primary)
-        solved_flags += flags
-        rewards += groups.rewards
+        result.solved += sum(flags)
+        result.samples += len(flags)
+        result.reward_sum += sum(groups.rewards)
         for g, task in enumerate(part):
-            per_task[task.id] = sum(flags[g * samples:(g + 1) * samples]) / samples
+            result.per_task[task.id] = sum(flags[g * samples:(g + 1) * samples]) / samples
         mask = rollout.completion_mask
-        exits += float(rollout.exit_steps[mask].float().sum())
-        tokens += int(mask.sum())
-    return EvalResult(sum(solved_flags) / len(solved_flags), sum(rewards) / len(rewards), per_task,
-                      exits / max(tokens, 1))
+        result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
+        result.tokens += int(mask.sum())
+    return result

@@ -111,3 +111,19 @@ def test_algorithm_variants_run(tmp_path, overrides):
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     assert all("loss/total" in r and "kl/ref" in r for r in records)
+
+
+def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
+    """Data-parallel ranks evaluate disjoint task chunks; the merged sums are one process's."""
+    from rltt.orchestration.policy import EvalResult, evaluate
+
+    trainer = LocalTrainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)
+    args = (trainer.engine, trainer.eval_tasks, trainer.tokenizer, trainer.runner, 2, 1.0, 6)
+    whole = evaluate(*args, seed=3, chunk=3)
+    parts = [evaluate(*args, seed=3, chunk=3, shard=(i, 3)) for i in range(3)]
+    assert [len(p.per_task) for p in parts] == [4, 3, 3]  # chunks 0 and 3 (a single task), 1, 2
+    merged = EvalResult.merge(parts)
+    assert (merged.solved, merged.samples, merged.tokens, merged.per_task) == \
+        (whole.solved, whole.samples, whole.tokens, whole.per_task)
+    assert merged.reward_sum == pytest.approx(whole.reward_sum) and merged.exit_step_sum == pytest.approx(whole.exit_step_sum)
+    assert merged.solve_rate == whole.solve_rate and whole.samples == 20
