@@ -162,18 +162,18 @@ class LoopedModel(LoopedPreTrainedModel):
         h = self.final_norm(s)
         return h, (h if self.config.carry_normed_state else s)
 
-    def steps(self, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend_at: Callable[[int], Attend],
-              num_steps: int | None = None) -> Iterator[torch.Tensor]:
+    def steps(self, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              attend_at: Callable[[int], Attend]) -> Iterator[torch.Tensor]:
         """h_1, …, h_T over every position; ``attend_at(t)`` is step t's attention. A generator: a
         caller's per-step readout (the packed forward's ``h[0]``) is taken as each step ends."""
         carry = embeds
-        for t in range(1, (num_steps or self.config.num_loops) + 1):
+        for t in range(1, self.config.num_loops + 1):
             h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t))
             yield h
 
     # -- the forward -------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, num_steps: int | None = None):
+                inputs_embeds=None):
         """Returns (step_hidden (T, B, S, d), gate_probs (T, B, S)), writing to ``past_key_values``."""
         cfg = self.config
         e = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -191,7 +191,7 @@ class LoopedModel(LoopedPreTrainedModel):
         def attend_at(t: int) -> CacheAttend:
             return CacheAttend(past_key_values, t, cfg.num_hidden_layers, mask, is_causal, scale)
 
-        step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at, num_steps)))
+        step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at)))
         return step_hidden, self.gate(step_hidden)
 
     def packed(self, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
