@@ -8,7 +8,6 @@ imported when its implementation is used.
 """
 
 from rltt.kernels._common import LoopLogProbs
-from rltt.kernels.dispatch import ENV_VAR, IMPLS, logprobs_from_hidden, per_loop_logprobs, resolve_impl
+from rltt.kernels.dispatch import ENV_VAR, IMPLS, per_loop_logprobs, resolve_impl
 
-__all__ = ["ENV_VAR", "IMPLS", "LoopLogProbs", "logprobs_from_hidden", "per_loop_logprobs",
-           "resolve_impl"]
+__all__ = ["ENV_VAR", "IMPLS", "LoopLogProbs", "per_loop_logprobs", "resolve_impl"]

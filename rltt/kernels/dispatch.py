@@ -141,26 +141,3 @@ def per_loop_logprobs(
         logprobs = logprobs.new_zeros(steps, n).index_copy(1, index, logprobs)
         entropy = entropy.new_zeros(steps, n).index_copy(1, index, entropy)
     return LoopLogProbs(logprobs, entropy)
-
-
-def logprobs_from_hidden(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    **kwargs,
-) -> LoopLogProbs:
-    """Single-step convenience: hidden (..., d) and targets (...) -> fp32 tensors of shape (...).
-
-    The same kernels as :func:`per_loop_logprobs` with T = 1; ``mask`` (if given) has the
-    shape of ``targets``. Keyword arguments are those of :func:`per_loop_logprobs`.
-    """
-    if hidden.shape[:-1] != targets.shape:
-        raise RlttError(f"hidden {tuple(hidden.shape)} must be targets {tuple(targets.shape)} + (d,)")
-    mask = kwargs.pop("mask", None)
-    if mask is not None:
-        if mask.shape != targets.shape:
-            raise RlttError(f"mask {tuple(mask.shape)} must have the shape of targets {tuple(targets.shape)}")
-        mask = mask.reshape(-1)
-    out = per_loop_logprobs(hidden.reshape(1, -1, hidden.shape[-1]), weight, targets.reshape(-1),
-                            mask=mask, **kwargs)
-    return LoopLogProbs(out.logprobs.view(targets.shape), out.entropy.view(targets.shape))

@@ -1,8 +1,8 @@
-"""The looped language model (SPEC §1.1): one forward you can follow.
+"""The looped language model: one forward you can follow.
 
     e = embed(x); carry = e
-    for t in 1..T:
-        z_t = inject(e, carry, t)          # none: z_t = carry;  scalar: z_1 = e, z_t = w·e + (1−w)·carry
+    for t in 1..T:                         # LoopedModel.step, shared with the rollout executor
+        z_t = inject(e, carry, t)          # z_1 = e; then none: z_t = carry;  scalar: z_t = w·e + (1−w)·carry
         s_t = B(z_t)                       # the L shared layers, KV slot (t−1)·L + l
         h_t = norm_f(s_t)                  # per-step state: logits ℓ_t = lm_head(h_t), gate λ_t = σ(g(h_t))
         carry = h_t if carry_normed_state else s_t
@@ -13,6 +13,7 @@ The exit policy picks, for every position, the step t* whose logits the forward 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -119,15 +120,19 @@ class LoopedModel(LoopedPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.post_init()
 
-    # -- the pieces of one step, also used by the rollout engine ---------------------------------
+    # -- one loop step and its pieces ----------------------------------------------------------
     def inject(self, embeds: torch.Tensor, carry: torch.Tensor, step: Step) -> torch.Tensor:
-        """z_t from the embeddings e and the carried state (h_0 = e)."""
+        """z_t from the embeddings e and the carried state: z_1 = e; for t > 1, z_t = carry
+        (``none``) or w·e + (1 − w)·carry (``scalar``, w = σ(a)). ``step`` is an int or one per row."""
+        if isinstance(step, int) and step == 1:
+            return embeds
         if self.injection_logit is None:
-            return carry
-        w = torch.sigmoid(self.injection_logit).to(carry.dtype)
-        mixed = w * embeds + (1 - w) * carry
+            mixed = carry
+        else:
+            w = torch.sigmoid(self.injection_logit).to(carry.dtype)
+            mixed = w * embeds + (1 - w) * carry
         if isinstance(step, int):
-            return embeds if step == 1 else mixed
+            return mixed
         first = (step == 1).view(-1, *([1] * (carry.dim() - 1)))
         return torch.where(first, embeds, mixed)
 
@@ -144,12 +149,31 @@ class LoopedModel(LoopedPreTrainedModel):
         """λ_t = σ(w_gᵀ h_t + b_g) in fp32, shape h.shape[:-1]."""
         return torch.sigmoid(self.exit_gate(h).squeeze(-1).float())
 
-    def carry(self, s: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return h if self.config.carry_normed_state else s
+    def step(self, embeds: torch.Tensor, carry: torch.Tensor, step: Step, cos: torch.Tensor, sin: torch.Tensor,
+             attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """One loop step: inject → block → norm → carry. Returns ``(h_t, carry for step t + 1)``.
+
+        The one place the loop step is written: the forward and the packed forward (through
+        `steps`) and the rollout executor (`rltt.rollout.executor`: a pass is one step of many
+        (row, position) items, ``step`` then one per item) all call it. The exit gate
+        λ_t = ``gate(h_t)`` reads h_t like the LM head does and feeds nothing back, so callers
+        apply it: the forward once over all T steps, the executor once per pass."""
+        s = self.block(self.inject(embeds, carry, step), cos, sin, attend, step)
+        h = self.final_norm(s)
+        return h, (h if self.config.carry_normed_state else s)
+
+    def steps(self, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              attend_at: Callable[[int], Attend]) -> Iterator[torch.Tensor]:
+        """h_1, …, h_T over every position; ``attend_at(t)`` is step t's attention. A generator: a
+        caller's per-step readout (the packed forward's ``h[0]``) is taken as each step ends."""
+        carry = embeds
+        for t in range(1, self.config.num_loops + 1):
+            h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t))
+            yield h
 
     # -- the forward -------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, num_steps: int | None = None):
+                inputs_embeds=None):
         """Returns (step_hidden (T, B, S, d), gate_probs (T, B, S)), writing to ``past_key_values``."""
         cfg = self.config
         e = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -164,30 +188,19 @@ class LoopedModel(LoopedPreTrainedModel):
         mask, is_causal = attention_mask_for(attention_mask, seq, past, e.device)
         scale = cfg.head_dim**-0.5
 
-        hidden, carry = [], e
-        for t in range(1, (num_steps or cfg.num_loops) + 1):
-            attend = CacheAttend(past_key_values, t, cfg.num_hidden_layers, mask, is_causal, scale)
-            s = self.block(self.inject(e, carry, t), cos, sin, attend, t)
-            h = self.final_norm(s)
-            hidden.append(h)
-            carry = self.carry(s, h)
-        step_hidden = torch.stack(hidden)
+        def attend_at(t: int) -> CacheAttend:
+            return CacheAttend(past_key_values, t, cfg.num_hidden_layers, mask, is_causal, scale)
+
+        step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at)))
         return step_hidden, self.gate(step_hidden)
 
     def packed(self, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward over a packed sequence (`rltt.model.packing`): returns step_hidden
         (T, N, d) and gate_probs (T, N) of its N tokens."""
-        cfg = self.config
         e = self.embed_tokens(layout.input_ids)[None]  # (1, N, d)
         cos, sin = self.rotary_emb(layout.positions[None], e.dtype)
-        attend = PackedAttend(layout, cfg.head_dim**-0.5)
-        hidden, carry = [], e
-        for t in range(1, cfg.num_loops + 1):
-            s = self.block(self.inject(e, carry, t), cos, sin, attend, t)
-            h = self.final_norm(s)
-            hidden.append(h[0])
-            carry = self.carry(s, h)
-        step_hidden = torch.stack(hidden)
+        attend = PackedAttend(layout, self.config.head_dim**-0.5)
+        step_hidden = torch.stack([h[0] for h in self.steps(e, cos, sin, lambda t: attend)])
         return step_hidden, self.gate(step_hidden)
 
 

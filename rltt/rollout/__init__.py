@@ -4,20 +4,17 @@
   ``load_weights(state_dict)``, ``sync_weights(model)``.
 - `NativeEngine`: batched PyTorch generation with a per-(step, layer) KV cache, all exit
   policies, ``dense`` and ``deferred`` schedules and depth-mixed batching.
-- `replay_logprobs`: bitwise re-execution of a rollout's recorded passes;
-  `dense_logprobs` / `rollout_hybrid_logprob`: the learner side of SPEC §2.4.
+- `replay_logprobs`: bitwise re-execution of a rollout's recorded passes.
 """
 
 from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.native import NativeEngine
 from rltt.rollout.params import SCHEDULES, SamplingParams
-from rltt.rollout.replay import (DenseLogprobs, ReplayLogprobs, dense_logprobs, hybrid_logprob, replay_logprobs,
-                                 rollout_hybrid_logprob)
+from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
 
 __all__ = [
     "SCHEDULES",
-    "DenseLogprobs",
     "NativeEngine",
     "PassRecord",
     "ReplayLogprobs",
@@ -26,8 +23,5 @@ __all__ = [
     "RolloutStats",
     "SamplingParams",
     "Schedule",
-    "dense_logprobs",
-    "hybrid_logprob",
     "replay_logprobs",
-    "rollout_hybrid_logprob",
 ]

@@ -78,10 +78,6 @@ class RolloutStats:
             return 0.0
         return float(self.row_passes.sum()) / self.tokens
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.wall_time if self.wall_time > 0 else 0.0
-
 
 @dataclass
 class RolloutBatch:

@@ -5,10 +5,11 @@ A pass is a pure function of its plan — ``(row, start, end, step)`` ranges sor
 The engine and `replay_logprobs` both drive this class, so re-executing a recorded schedule
 performs the same floating-point operations on the same operands: replay is bitwise.
 
-Per item (row r, position p, step s): ``z = inject(e_p, carry_p, s)``, run the L shared
-layers (writing K/V slot (s, l) at position p), ``h = norm_f(s)``, ``λ_s = gate(h)``,
-``carry_p ← carry(s, h)``. The carry of a token is the state of the deepest step computed for
-it, which is exactly what its next step needs (steps of a token are computed in order).
+Per item (row r, position p, step t) a pass runs the model's one loop step,
+`LoopedModel.step` — ``z = inject(e_p, carry_p, t)``, the L shared layers (writing K/V slot
+(t, l) at position p), ``h = norm_f(s)``, ``carry_p ← carry`` — batched over the items, then
+``λ_t = gate(h)``. The carry of a token is the state of the deepest step computed for it,
+which is exactly what its next step needs (steps of a token are computed in order).
 """
 
 from __future__ import annotations
@@ -81,20 +82,14 @@ class PassExecutor:
         ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
         plan = self._plan_for(rows, starts, ends, steps)
         item_rows, item_pos, item_steps, embeds = plan.item_rows, plan.item_pos, plan.item_steps, plan.embeds
-        first = item_steps == 1
-        carry = self.carry[item_rows, item_pos]
-        if plan.uniform:
-            if steps[0] == 1:
-                carry = embeds
-        elif bool(first.any()):
-            carry = torch.where(first[:, None], embeds, carry)
         step = steps[0] if plan.uniform else item_steps  # an int keeps LoRA on its batched path
-        z = self.inner.inject(embeds[:, None], carry[:, None], step)  # (N, 1, d): one item per row
+        # step 1 reads no carry (z_1 = e): skip the gather
+        carry = embeds if plan.uniform and steps[0] == 1 else self.carry[item_rows, item_pos]
         attend = GroupedAttend(self.cache, plan.groups, item_rows, item_pos, item_steps, self.scale)
-        s = self.inner.block(z, plan.cos, plan.sin, attend, step)
-        h = self.inner.final_norm(s)
+        # the items are the batch axis, one position each: (N, 1, d)
+        h, carry = self.inner.step(embeds[:, None], carry[:, None], step, plan.cos, plan.sin, attend)
         gates = self.inner.gate(h)[:, 0]
-        self.carry[item_rows, item_pos] = self.inner.carry(s, h)[:, 0]
+        self.carry[item_rows, item_pos] = carry[:, 0]
         self.gates[item_steps - 1, item_rows, item_pos] = gates
         return h[:, 0], gates, plan.last
 

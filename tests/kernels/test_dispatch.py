@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rltt.errors import RlttError
-from rltt.kernels import ENV_VAR, logprobs_from_hidden, per_loop_logprobs, resolve_impl
+from rltt.kernels import ENV_VAR, per_loop_logprobs, resolve_impl
 from rltt.kernels._common import default_chunk_size
 from rltt.kernels.reference import reference_logprobs
 
@@ -101,22 +101,6 @@ def test_reference_impl_through_dispatch():
     a = per_loop_logprobs(hidden, weight, targets, impl="reference", temperature=0.5)
     b = reference_logprobs(hidden, weight, targets, temperature=0.5)
     assert torch.equal(a.logprobs, b.logprobs)
-
-
-def test_logprobs_from_hidden_shapes_and_values():
-    gen = torch.Generator().manual_seed(3)
-    hidden = torch.randn(2, 5, 16, generator=gen)
-    weight = torch.randn(40, 16, generator=gen)
-    targets = torch.randint(0, 40, (2, 5), generator=gen)
-    mask = torch.rand(2, 5, generator=gen) > 0.3
-    out = logprobs_from_hidden(hidden, weight, targets, mask=mask, temperature=0.8)
-    assert out.logprobs.shape == out.entropy.shape == (2, 5)
-    ref = reference_logprobs(hidden.reshape(1, 10, 16), weight, targets.reshape(10),
-                             mask=mask.reshape(10), temperature=0.8)
-    torch.testing.assert_close(out.logprobs, ref.logprobs.view(2, 5), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.entropy, ref.entropy.view(2, 5), atol=1e-5, rtol=1e-5)
-    with pytest.raises(RlttError, match="must be targets"):
-        logprobs_from_hidden(hidden, weight, targets[:, :3])
 
 
 def test_default_chunk_size():

@@ -122,6 +122,16 @@ def test_injection_formula():
     torch.testing.assert_close(per_row[1], w * e[1] + (1 - w) * h[1])
 
 
+def test_first_step_reads_the_embeddings_for_both_injections():
+    e = torch.randn(2, 3, 64)
+    h = torch.randn(2, 3, 64)
+    none = tiny_model(num_loops=3, injection="none").model
+    assert torch.equal(none.inject(e, h, 1), e)  # z_1 = e (h_0 = e)
+    assert torch.equal(none.inject(e, h, 2), h)
+    per_row = none.inject(e, h, torch.tensor([1, 3]))
+    assert torch.equal(per_row[0], e[0]) and torch.equal(per_row[1], h[1])
+
+
 def test_save_load_round_trip_is_bit_identical(tmp_path):
     model = tiny_model(num_loops=3, injection="scalar", norm_placement="ouro", lora_rank=2)
     model.save_pretrained(tmp_path)

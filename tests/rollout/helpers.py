@@ -1,8 +1,11 @@
-"""Tiny looped models and prompts for rollout tests."""
+"""Tiny looped models and prompts for rollout tests, and the dense-forward oracle of a rollout's log-probs."""
+
+from dataclasses import dataclass
 
 import torch
 
 from rltt.model import LoopConfig, LoopedForCausalLM
+from rltt.rollout import RolloutBatch
 
 VOCAB = 61
 
@@ -23,3 +26,37 @@ def tiny_model(num_loops: int = 4, gate_bias: float = -0.5, dtype=torch.float32,
 def prompts(sizes, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in sizes]
+
+
+@dataclass
+class DenseLogprobs:
+    """Full-forward log-probs of a batch's completion tokens (R rows, C completion columns).
+
+    ``per_loop`` (T, R, C): log P^(t)(y); ``exit_probs`` (T, R, C): p_t of the producing state;
+    ``exit`` (R, C): per_loop at the recorded t*; all 0 on padding."""
+
+    per_loop: torch.Tensor
+    exit_probs: torch.Tensor
+    exit: torch.Tensor
+
+
+def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: float = 1.0) -> DenseLogprobs:
+    """The rollout's completion log-probs from one full forward of the model's score mode (the
+    learner's path, differentiable), with the recorded exit steps (the learner never re-decides
+    exits): the oracle the engine's recorded log-probs are checked against."""
+    ids, mask, start = batch.padded_sequences()
+    device = model.lm_head.weight.device
+    cmask = batch.completion_mask.to(device)
+    # completion token c of row r sits at start[r] + c
+    positions = start[:, None] + torch.arange(cmask.shape[1])[None, :]
+    score_mask = torch.zeros(ids.shape, dtype=torch.bool)
+    score_mask.scatter_(1, positions.clamp_max(ids.shape[1] - 1), batch.completion_mask)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), score_mask=score_mask.to(device),
+                temperature=temperature, use_cache=False)
+    T = out.token_logprobs.shape[0]
+    where = cmask[None].expand(T, -1, -1)
+    per_loop = out.token_logprobs.new_zeros((T, *cmask.shape)).masked_scatter(where, out.token_logprobs)
+    exit_probs = out.token_exit_probs.new_zeros((T, *cmask.shape)).masked_scatter(where, out.token_exit_probs)
+    steps = batch.exit_steps.to(device).clamp_min(1)
+    exit_lp = per_loop.gather(0, (steps - 1)[None])[0].masked_fill(~cmask, 0.0)
+    return DenseLogprobs(per_loop, exit_probs, exit_lp)

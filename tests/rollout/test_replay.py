@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from rltt.rollout import NativeEngine, SamplingParams, dense_logprobs, replay_logprobs, rollout_hybrid_logprob
+from rltt.objectives import hybrid_logprob
+from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
 
-from .helpers import prompts, tiny_model
+from .helpers import dense_logprobs, prompts, tiny_model
 
 
 SHAPES = [
@@ -71,7 +72,7 @@ def test_hybrid_logprob_is_the_sampler_value_with_the_dense_gradient():
     batch = NativeEngine(model).generate(prompts([5, 2]), SamplingParams(max_new_tokens=7, seed=0,
                                                                          exit_policy="threshold:0.5"))
     dense = dense_logprobs(model, batch)
-    hybrid = rollout_hybrid_logprob(dense.exit, batch)
+    hybrid = hybrid_logprob(dense.exit, batch.logprobs).masked_fill(~batch.completion_mask, 0.0)
     assert torch.equal(hybrid.detach(), batch.logprobs)  # importance ratio exactly 1
     assert (dense.exit.detach() - batch.logprobs).abs().max() < 1e-4
     hybrid[batch.completion_mask].sum().backward()

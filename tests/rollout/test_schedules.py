@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from rltt.rollout import NativeEngine, SamplingParams, dense_logprobs
+from rltt.rollout import NativeEngine, SamplingParams
 
-from .helpers import prompts, tiny_model
+from .helpers import dense_logprobs, prompts, tiny_model
 
 THRESHOLD = "threshold:0.5"
 
@@ -167,3 +167,28 @@ def test_rows_of_one_prompt_share_its_prefill(schedule):
                                    alone.logprobs[i, : len(alone.completion(i))], atol=2e-5, rtol=0)
     # rows waited T passes for the shared prefill
     assert shared.stats.row_passes.tolist() == [T + p for p in alone.stats.row_passes.repeat_interleave(3).tolist()]
+
+
+def test_forward_packed_forward_and_rollout_passes_run_the_one_loop_step(monkeypatch):
+    model = tiny_model(injection="scalar")
+    calls = []
+    step = type(model.model).step
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[2])  # the step: an int, or one per item in a depth-mixed pass
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.model), "step", counted)
+    T = model.config.num_loops
+    ids = torch.tensor(prompts([6, 6], seed=1))
+    score = torch.zeros_like(ids, dtype=torch.bool)
+    score[:, 3:] = True
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        assert calls == list(range(1, T + 1))
+        calls.clear()
+        model(ids, attention_mask=torch.ones_like(ids), score_mask=score, pack=True)
+        assert calls == list(range(1, T + 1))
+        calls.clear()
+    batch = NativeEngine(model).generate(prompts([5, 3]), greedy("deferred", max_new_tokens=6))
+    assert len(calls) == len(batch.schedule.passes) > 0  # every pass is one call of the step
