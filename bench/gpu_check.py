@@ -1,17 +1,19 @@
 """One prepared GPU check: Triton kernels, rollouts, the learner and ``rltt train`` on one GPU.
 
-Device command (one H200, repository root; finishes in at most 8 minutes, writes
-``$OUT/gpu_check.json`` and ``$OUT/gpu_check.md``):
+Device command (one H200, from the repository root; the section budgets sum to 430 s, so it
+finishes in at most 8 minutes; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD timeout 540 python3 bench/gpu_check.py --out $OUT
+    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=$PWD timeout 540 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
 
-A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code paths at
-the smallest shapes, in seconds; ``tests/bench/test_gpu_check.py`` runs it):
+The JSON and Markdown are rewritten after every section, so a run stopped early keeps what it
+measured. A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code
+paths at the smallest shapes, in seconds; ``tests/bench/test_gpu_check.py`` runs it):
 
     python bench/gpu_check.py --cpu-smoke --out /tmp/gpu_check     # or: rltt bench gpu_check --cpu-smoke ...
 
-Sections (each guarded: a failure is recorded with its error text and the others still run; each
-has a time budget, after which its remaining sub-steps are skipped and recorded as skipped):
+Sections (each guarded: a failure, of the section or of one sub-step, is recorded with its error
+text and the rest still runs; each has a time budget: a sub-step the time left cannot cover is
+skipped and recorded as skipped, and an alarm ends the section at its budget):
 
 - ``imports``: every ``rltt`` module imports with deepspeed, ray and vllm absent (they are made
   unimportable for the whole run, as on the GPU image) and the Hugging Face hub offline;
@@ -360,7 +362,8 @@ def section_imports(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
     setting = "deepspeed, ray, vllm made unimportable; HF_HUB_OFFLINE=1"
     sec.add("modules_imported", count - len(failed), "modules", setting)
     sec.add("modules_failed", len(failed), "modules", setting + ("; failed: " + "; ".join(failed) if failed else ""))
-    sec.add("heavy_modules_loaded", len(loaded), "modules", setting + ("; loaded: " + ", ".join(loaded) if loaded else ""))
+    sec.add("heavy_modules_loaded", len(loaded), "modules",
+            setting + ("; loaded: " + ", ".join(loaded) if loaded else ""))
     if failed:
         raise RuntimeError(f"{len(failed)} rltt module(s) failed to import: {failed[0]}")
 
@@ -544,7 +547,7 @@ def model_setting(model) -> str:
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     return (f"random LoopLM (Ouro-1.4B shape) d={c.hidden_size}, L={c.num_hidden_layers}, T={c.num_loops}, "
-            f"V={c.vocab_size}, heads {c.num_attention_heads}/{c.num_key_value_heads}, {params / 1e9:.3f} B params, bf16")
+            f"V={c.vocab_size}, heads {c.num_attention_heads}/{c.num_key_value_heads}, {params:,} parameters, bf16")
 
 
 def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
