@@ -672,6 +672,7 @@ def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
 
     from rltt.kernels import resolve_impl
     from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
+    from rltt.telemetry import schema
 
     model = ctx.ouro_model()
     p = ctx.shapes.learner
@@ -697,7 +698,7 @@ def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
     sec.add("packed_tokens_per_s", round(packed / t_step, 1), f"tok/s ({packed} packed tokens, each prompt once)",
             setting)
     sec.add("peak_memory_gib", mem.peak_gib, "GiB (weights, grads and AdamW states included)", setting)
-    sec.add("loss_finite", bool(math.isfinite(metrics["loss/total"])), "", setting)
+    sec.add("loss_finite", bool(math.isfinite(metrics[schema.LOSS_TOTAL])), "", setting)
     model.eval()
 
 
@@ -748,7 +749,7 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
     """``rltt train RECIPE`` through the CLI's entry point, in this process (deepspeed, ray and vllm
     stay unimportable; the section's alarm bounds it)."""
     from rltt.cli.main import main as rltt_main
-    from rltt.telemetry import read_metrics
+    from rltt.telemetry import read_metrics, schema
 
     p = ctx.shapes.smoke
     with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-") as name:
@@ -773,10 +774,10 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
 
         sec.add("steps_logged", len(steps), "steps", setting)
         sec.add("wall_s", round(wall, 2), "s (model load, evaluations, checkpoint)", setting)
-        sec.add("step_time_s_mean", mean("time/step"), "s", setting)
-        sec.add("rollout_tok_s_mean", mean("throughput/tokens_per_s"), "tok/s", setting)
-        sec.add("peak_memory_gb_max", max((r.get("memory/peak_gb") or 0 for r in steps), default=None), "GB", setting)
-        sec.add("reward_mean", mean("reward/mean"), "", setting)
+        sec.add("step_time_s_mean", mean(schema.TIME_STEP), "s", setting)
+        sec.add("rollout_tok_s_mean", mean(schema.THROUGHPUT_TOKENS_PER_S), "tok/s", setting)
+        sec.add("peak_memory_gb_max", max((r.get(schema.MEMORY_PEAK_GB) or 0 for r in steps), default=None), "GB", setting)
+        sec.add("reward_mean", mean(schema.REWARD_MEAN), "", setting)
         sec.add("eval_solve_rate_final", steps[-1].get("eval/solve_rate") if steps else None, "", setting)
         sec.add("checkpoint_written", final.is_dir() and any(final.iterdir()), "", setting)
         if len(steps) != 5:
