@@ -21,7 +21,7 @@ def available() -> list[str]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="run a benchmark from bench/ (logprobs, rollout, stability, trl_compare)")
+    parser = subparsers.add_parser("bench", help=f"run a benchmark from bench/ ({', '.join(available()) or 'none'})")
     parser.add_argument("name", help="benchmark name: " + (", ".join(available()) or "(no bench/ directory)"))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark script")
     parser.set_defaults(func=run)

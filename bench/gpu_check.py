@@ -1,0 +1,893 @@
+"""One prepared GPU check: Triton kernels, rollouts, the learner and ``rltt train`` on one GPU.
+
+Device command (one H200, from the repository root; the section budgets sum to 430 s, so it
+finishes in at most 8 minutes; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
+
+    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=$PWD timeout 540 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
+
+The JSON and Markdown are rewritten after every section, so a run stopped early keeps what it
+measured. A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code
+paths at the smallest shapes, in seconds; ``tests/bench/test_gpu_check.py`` runs it):
+
+    python bench/gpu_check.py --cpu-smoke --out /tmp/gpu_check     # or: rltt bench gpu_check --cpu-smoke ...
+
+Sections (each guarded: a failure, of the section or of one sub-step, is recorded with its error
+text and the rest still runs; each has a time budget: a sub-step the time left cannot cover is
+skipped and recorded as skipped, and an alarm ends the section at its budget):
+
+- ``imports``: every ``rltt`` module imports with deepspeed, ray and vllm absent (they are made
+  unimportable for the whole run, as on the GPU image) and the Hugging Face hub offline;
+- ``kernels``: the Triton per-loop log-prob kernels (compiled for CUDA; Triton's interpreter in
+  CPU mode) and the chunked path against the naive reference, values and gradients, fp32 and
+  bf16, awkward shapes; then time and peak memory of naive, chunked and Triton (bf16, T = 4,
+  d = 2048, V = 151,936, N = 8192 and N = 1024);
+- ``rollouts``: a random LoopLM shaped like Ouro-1.4B (its config.json through
+  ``rltt.model.ouro.ouro_to_loop_config``: d = 2048, L = 24, T = 4, V = 49,152) in bf16, the exit
+  gate's weight zeroed and its bias set so that E[t*] = 2.5 under the ``sample`` exit policy:
+  native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
+  tokens, sampled exits), native final-exit decoding vs transformers' ``generate()`` at batch
+  32, and ``replay_logprobs`` bitwise against a sampled deferred rollout;
+- ``learner``: one RL learner step (packed scoring, backward, AdamW) on that model, after a
+  warm-up step: tokens per second and peak memory;
+- ``smoke``: 5 steps of ``rltt train`` (the CLI's entry point, in-process) with a small random
+  LoopLM and a locally trained tokenizer, on the GSM8K sample shipped with rltt.
+
+Needs only torch, triton, transformers and rltt itself. Targets (recorded, not asserted):
+deferred >= 1.5x dense tokens/s at batch >= 8; native >= 2x ``generate()`` at batch 32; the
+Triton kernel <= 1/20 of the naive peak memory and <= 1x its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("deepspeed", "ray", "vllm")
+SECTIONS = ("imports", "kernels", "rollouts", "learner", "smoke")
+GIB = 1024 ** 3
+
+# Ouro-1.4B's config.json (the fields rltt's importer reads); random weights.
+OURO_1_4B = dict(model_type="ouro", vocab_size=49152, hidden_size=2048, intermediate_size=5632,
+                 num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, hidden_act="silu",
+                 max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 tie_word_embeddings=False, total_ut_steps=4)
+
+
+@dataclass
+class Shapes:
+    """Every size the check uses; ``gpu()`` is the device run, ``cpu_smoke()`` the smallest."""
+
+    budgets: dict
+    kernel_checks: list  # (T, N, d, V, temperature, masked)
+    kernel_times: list  # (T, N, d, V)
+    kernel_reps: int
+    model: dict  # Ouro-style config.json fields
+    batches: list
+    new_tokens: int
+    prompt_len: int
+    generate_batch: int
+    replay_batch: int
+    learner: dict  # prompts, group, prompt_len, completion_len, micro
+    smoke: dict
+
+    @staticmethod
+    def gpu() -> "Shapes":
+        return Shapes(
+            budgets=dict(imports=20, kernels=100, rollouts=170, learner=60, smoke=80),
+            kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
+                           (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
+            kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
+            model=OURO_1_4B, batches=[1, 8, 32, 256], new_tokens=128, prompt_len=32, generate_batch=32,
+            replay_batch=8, learner=dict(prompts=8, group=8, prompt_len=128, completion_len=384, micro=8),
+            smoke=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=32,
+                       micro=16, dtype="bf16", threads=0))
+
+    @staticmethod
+    def cpu_smoke() -> "Shapes":
+        small = dict(OURO_1_4B, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+        return Shapes(
+            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, smoke=90),
+            kernel_checks=[(3, 7, 24, 101, 1.0, False), (2, 6, 16, 70, 0.7, True)],
+            kernel_times=[(2, 8, 16, 128), (2, 4, 16, 128)], kernel_reps=1,
+            model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2,
+            learner=dict(prompts=1, group=2, prompt_len=4, completion_len=4, micro=2),
+            smoke=dict(hidden=16, layers=1, heads=2, prompts=1, group=2, new_tokens=4, eval_size=2,
+                       micro=2, dtype="fp32", threads=1))
+
+
+# -- the report ------------------------------------------------------------------------------------
+@dataclass
+class Figure:
+    name: str
+    value: object
+    unit: str = ""
+    setting: str = ""
+
+
+@dataclass
+class SectionResult:
+    name: str
+    budget_s: float
+    status: str = "not run"  # ok | partial (sub-steps skipped for time) | error (the section or a sub-step failed)
+    seconds: float = 0.0
+    error: str | None = None
+    skipped: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # sub-steps that failed while the section went on
+    figures: list = field(default_factory=list)
+
+    def add(self, name: str, value, unit: str = "", setting: str = "") -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            value = str(value)  # JSON has no inf/nan
+        self.figures.append(Figure(name, value, unit, setting))
+
+    def skip(self, what: str) -> None:
+        self.skipped.append(what)
+
+    @contextmanager
+    def step(self, what: str):
+        """One sub-step: an exception is recorded as a failure and the section goes on
+        (the section's time-out, a BaseException, still ends it)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - recorded
+            self.failures.append(f"{what}: {type(exc).__name__}: {exc}".strip()[:1000])
+            print(f"[gpu_check] {self.name}: {what} FAILED\n{traceback.format_exc()}", flush=True)
+
+
+class SectionTimeout(BaseException):
+    """Raised by the section alarm (a BaseException, so library code catching Exception lets it pass)."""
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def allows(self, estimate: float) -> bool:
+        return self.left() > estimate
+
+
+@contextmanager
+def alarm(seconds: float, name: str):
+    """Hard limit of one section: SIGALRM raises SectionTimeout between Python bytecodes."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise SectionTimeout(f"section {name!r} ran past its budget of {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer > 0:  # an alarm set by the caller (e.g. a test timeout) keeps running
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+def run_section(name: str, fn, ctx: "Context") -> SectionResult:
+    budget = ctx.shapes.budgets[name] * ctx.budget_scale
+    result = SectionResult(name, budget)
+    start = time.perf_counter()
+    print(f"[gpu_check] {name}: start (budget {budget:.0f} s)", flush=True)
+    try:
+        with alarm(budget, name):
+            fn(ctx, result, Deadline(budget))
+        result.status = "error" if result.failures else "partial" if result.skipped else "ok"
+    except (Exception, SectionTimeout) as exc:  # noqa: BLE001 - recorded; the other sections still run
+        result.status = "error"
+        result.failures.append(f"{type(exc).__name__}: {exc}".strip()[:2000])
+        print(f"[gpu_check] {name}: ERROR\n{traceback.format_exc()}", flush=True)
+    finally:
+        result.error = " | ".join(result.failures) or None
+        result.seconds = round(time.perf_counter() - start, 2)
+        ctx.release()
+    print(f"[gpu_check] {name}: {result.status} in {result.seconds:.1f} s", flush=True)
+    return result
+
+
+# -- environment -------------------------------------------------------------------------------------
+def block_heavy_modules() -> None:
+    """Make deepspeed, ray and vllm unimportable (``import`` raises ImportError and
+    ``importlib.util.find_spec`` returns None), as on the GPU image, for this process."""
+    for name in HEAVY:
+        sys.modules[name] = None
+
+
+def environment(ctx: "Context") -> dict:
+    import torch
+    import transformers
+
+    env = dict(mode="cpu-smoke" if ctx.cpu_smoke else "gpu", device=str(ctx.device), python=platform.python_version(),
+               torch=torch.__version__, transformers=transformers.__version__,
+               torch_cuda=torch.version.cuda, triton_interpret=os.environ.get("TRITON_INTERPRET", ""),
+               hf_hub_offline=os.environ.get("HF_HUB_OFFLINE", ""))
+    for pkg in ("triton", "tokenizers"):
+        try:
+            env[pkg] = importlib.import_module(pkg).__version__
+        except Exception as exc:  # noqa: BLE001
+            env[pkg] = f"unavailable ({type(exc).__name__})"
+    if ctx.device.type == "cuda":
+        props = torch.cuda.get_device_properties(ctx.device)
+        env.update(gpu=torch.cuda.get_device_name(ctx.device), gpu_memory_gib=round(props.total_memory / GIB, 1),
+                   gpu_capability=f"{props.major}.{props.minor}", gpu_sms=props.multi_processor_count)
+    else:
+        env.update(gpu="none (CPU)", cpu_threads=torch.get_num_threads())
+    try:
+        env["rltt_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                            text=True, timeout=10).stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001 - no git on the device machine
+        env["rltt_commit"] = "unknown"
+    return env
+
+
+class Context:
+    def __init__(self, cpu_smoke: bool, budget_scale: float):
+        import torch
+
+        self.cpu_smoke = cpu_smoke
+        self.shapes = Shapes.cpu_smoke() if cpu_smoke else Shapes.gpu()
+        self.budget_scale = budget_scale
+        self.device = torch.device("cpu" if cpu_smoke else "cuda")
+        self._model = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def timed(self, fn):
+        self.sync()
+        start = time.perf_counter()
+        out = fn()
+        self.sync()
+        return time.perf_counter() - start, out
+
+    def ouro_model(self):
+        """The Ouro-shaped random LoopLM in bf16 (built once, shared by rollouts and learner)."""
+        if self._model is None:
+            self._model = build_ouro_model(self)
+        return self._model
+
+    def release(self) -> None:
+        gc.collect()
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+# -- memory meters ------------------------------------------------------------------------------------
+def _status_kib(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA ``max_memory_allocated`` (absolute and above the allocation at
+    the start), or on CPU the peak RSS (``VmHWM`` reset through ``/proc/self/clear_refs``)."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.peak_gib = self.extra_gib = None
+
+    def __enter__(self):
+        import torch
+
+        self.ctx.sync()
+        if self.ctx.cuda:
+            self.base = torch.cuda.memory_allocated(self.ctx.device)
+            torch.cuda.reset_peak_memory_stats(self.ctx.device)
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+            self.base = (_status_kib("VmRSS") or 0) * 1024
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self.ctx.sync()
+        if self.ctx.cuda:
+            peak = torch.cuda.max_memory_allocated(self.ctx.device)
+        else:
+            hwm = _status_kib("VmHWM")
+            peak = None if hwm is None else hwm * 1024
+        if peak is not None:
+            self.peak_gib = round(peak / GIB, 4)
+            self.extra_gib = round(max(peak - self.base, 0) / GIB, 4)
+        return False
+
+
+def ratio(a, b):
+    return round(a / b, 4) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+# -- imports ------------------------------------------------------------------------------------------
+def section_imports(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    import pkgutil
+
+    import rltt
+
+    failed, count = [], 0
+    for info in pkgutil.walk_packages(rltt.__path__, "rltt."):
+        count += 1
+        try:
+            importlib.import_module(info.name)
+        except Exception as exc:  # noqa: BLE001 - recorded
+            failed.append(f"{info.name}: {type(exc).__name__}: {exc}"[:300])
+    for name in ("rewards.gsm8k", "rewards.format"):
+        count += 1
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            failed.append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY and sys.modules[m] is not None)
+    setting = "deepspeed, ray, vllm made unimportable; HF_HUB_OFFLINE=1"
+    sec.add("modules_imported", count - len(failed), "modules", setting)
+    sec.add("modules_failed", len(failed), "modules", setting + ("; failed: " + "; ".join(failed) if failed else ""))
+    sec.add("heavy_modules_loaded", len(loaded), "modules",
+            setting + ("; loaded: " + ", ".join(loaded) if loaded else ""))
+    if failed:
+        raise RuntimeError(f"{len(failed)} rltt module(s) failed to import: {failed[0]}")
+
+
+# -- kernels ------------------------------------------------------------------------------------------
+def _kernel_inputs(ctx, steps, n, d, vocab, dtype, seed=0):
+    import torch
+
+    dev = ctx.device
+    gen = torch.Generator(device=dev).manual_seed(seed)  # drawn on the device: V x d at V = 152k is large
+    hidden = torch.randn(steps, n, d, generator=gen, device=dev).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, d, generator=gen, device=dev) / d ** 0.5 * 3).to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), generator=gen, device=dev)
+    return hidden, weight, targets
+
+
+def _values_and_grads(fn, hidden, weight, cotangents):
+    import torch
+
+    out = fn()
+    loss = (out.logprobs * cotangents[0]).sum() + (out.entropy * cotangents[1]).sum()
+    gh, gw = torch.autograd.grad(loss, [hidden, weight])
+    return out.logprobs.detach(), out.entropy.detach(), gh, gw
+
+
+# tolerances: values |got - ref| <= atol + rtol |ref|; gradients max |got - ref| / max |ref|
+VALUE_TOL = dict(atol=1e-4, rtol=1e-5)
+GRAD_TOL = {"fp32": 1e-4, "bf16": 2e-2}
+
+
+def kernel_checks(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    import torch
+
+    from rltt.kernels import per_loop_logprobs
+    from rltt.kernels.reference import reference_logprobs
+
+    shapes = ctx.shapes.kernel_checks
+    where = ("CUDA, compiled" if ctx.cuda else "CPU, Triton interpreter")
+    shape_text = "; ".join(f"T={t} N={n} d={d} V={v} temp={tp}{' masked' if m else ''}"
+                           for t, n, d, v, tp, m in shapes)
+    all_ok = True
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        errors = {impl: dict(lp=0.0, ent=0.0, grad=0.0, ok=True) for impl in ("triton", "chunked")}
+        for case, (steps, n, d, vocab, temp, masked) in enumerate(shapes):
+            hidden, weight, targets = _kernel_inputs(ctx, steps, n, d, vocab, dtype, seed=case)
+            mask = None
+            if masked:
+                mask = (torch.arange(n, device=ctx.device) % 3 != 1)
+                targets = torch.where(mask, targets, torch.full_like(targets, -100))
+            gen = torch.Generator(device=ctx.device).manual_seed(100 + case)
+            cot = (torch.randn(steps, n, generator=gen, device=ctx.device),
+                   torch.randn(steps, n, generator=gen, device=ctx.device))
+            ref = _values_and_grads(lambda: reference_logprobs(hidden, weight, targets, temperature=temp, mask=mask),
+                                    hidden, weight, cot)
+            for impl, err in errors.items():
+                ran = False
+                with sec.step(f"check {impl} {dname} T={steps} N={n} d={d} V={vocab}"):
+                    got = _values_and_grads(lambda: per_loop_logprobs(hidden, weight, targets, temperature=temp,
+                                                                      mask=mask, impl=impl), hidden, weight, cot)
+                    for key, g, r in (("lp", got[0], ref[0]), ("ent", got[1], ref[1])):
+                        diff = (g - r).abs()
+                        err[key] = max(err[key], float(diff.max()))
+                        err["ok"] &= bool((diff <= VALUE_TOL["atol"] + VALUE_TOL["rtol"] * r.abs()).all())
+                    for g, r in ((got[2], ref[2]), (got[3], ref[3])):
+                        err["ok"] &= g.dtype == r.dtype
+                        rel = float((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6))
+                        err["grad"] = max(err["grad"], rel)
+                    err["ok"] &= err["grad"] <= GRAD_TOL[dname]
+                    ran = True
+                err["ok"] &= ran
+            del hidden, weight, targets, ref
+        setting = (f"{where}; {dname}; {shape_text}; vs the naive reference; ok: values within atol "
+                   f"{VALUE_TOL['atol']:g} + rtol {VALUE_TOL['rtol']:g}, gradients within {GRAD_TOL[dname]:g} of "
+                   f"max |grad| and in the input dtype")
+        for impl, err in errors.items():
+            sec.add(f"check.{impl}.{dname}.logprob_max_abs_err", err["lp"], "nats", setting)
+            sec.add(f"check.{impl}.{dname}.entropy_max_abs_err", err["ent"], "nats", setting)
+            sec.add(f"check.{impl}.{dname}.grad_max_rel_err", err["grad"], "of max |grad|", setting)
+            sec.add(f"check.{impl}.{dname}.ok", err["ok"], "", setting)
+            all_ok &= err["ok"]
+    sec.add("check.all_ok", all_ok, "", "every implementation, dtype and shape above")
+
+
+def _time_impl(ctx: Context, impl: str, shape, reps: int):
+    """(ms per forward+backward, extra peak GiB above the inputs) or (None, 'OOM')."""
+    import torch
+
+    from rltt.kernels import per_loop_logprobs
+
+    steps, n, d, vocab = shape
+    hidden, weight, targets = _kernel_inputs(ctx, steps, n, d, vocab, torch.bfloat16)
+
+    def one():
+        out = per_loop_logprobs(hidden, weight, targets, impl=impl)
+        (out.logprobs.sum() + 0.1 * out.entropy.sum()).backward()
+        hidden.grad = weight.grad = None
+
+    try:
+        one()  # warm-up (Triton compiles here)
+        with PeakMemory(ctx) as mem:
+            seconds, _ = ctx.timed(lambda: [one() for _ in range(reps)])
+        return seconds / reps * 1e3, mem.extra_gib
+    except torch.cuda.OutOfMemoryError:
+        return None, "OOM"
+    finally:
+        del hidden, weight, targets
+        ctx.release()
+
+
+def kernel_times(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    reps = ctx.shapes.kernel_reps
+    last = 0.0
+    for shape in ctx.shapes.kernel_times:
+        steps, n, d, vocab = shape
+        tag = f"N{n}"
+        setting = (f"bf16, T={steps}, N={n}, d={d}, V={vocab}, forward+backward, mean of {reps} after 1 warm-up; "
+                   f"memory = peak above the inputs ({'max_memory_allocated' if ctx.cuda else 'peak RSS'})")
+        if not deadline.allows(last):
+            sec.skip(f"kernel timing at {tag}")
+            continue
+        start = time.perf_counter()
+        rows = {}
+        for impl in ("reference", "chunked", "triton"):
+            rows[impl] = (None, None)
+            with sec.step(f"timing {impl} at {tag}"):
+                rows[impl] = _time_impl(ctx, impl, shape, reps)
+            name = "naive" if impl == "reference" else impl
+            ms, gib = rows[impl]
+            sec.add(f"time.{tag}.{name}_ms", None if ms is None else round(ms, 3), "ms", setting)
+            sec.add(f"memory.{tag}.{name}_gib", gib, "GiB", setting)
+        naive = rows["reference"]
+        for impl in ("chunked", "triton"):
+            sec.add(f"ratio.{tag}.{impl}/naive_time", ratio(rows[impl][0], naive[0]), "x",
+                    setting + ("; naive OOM" if naive[0] is None else ""))
+            sec.add(f"ratio.{tag}.{impl}/naive_memory", ratio(rows[impl][1], naive[1]), "x",
+                    setting + ("; naive OOM" if naive[0] is None else ""))
+        last = time.perf_counter() - start
+
+
+def section_kernels(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    from rltt.kernels import resolve_impl
+
+    sec.add("auto_impl", resolve_impl("auto", ctx.device), "", f"rltt.kernels auto choice on {ctx.device.type}")
+    kernel_checks(ctx, sec, deadline)
+    kernel_times(ctx, sec, deadline)
+
+
+# -- the Ouro-shaped model and rollouts ------------------------------------------------------------------
+MEAN_EXIT = 2.5
+
+
+def gate_lambda(mean_exit: float, num_loops: int) -> float:
+    """λ with Σ_{t<T} (1 − λ)^t = mean_exit (the expected exit step of the ``sample`` policy)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        lam = (lo + hi) / 2
+        mean = sum((1 - lam) ** t for t in range(num_loops))
+        lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
+    return (lo + hi) / 2
+
+
+def build_ouro_model(ctx: Context):
+    import torch
+
+    from rltt.model import LoopedForCausalLM
+    from rltt.model.ouro import ouro_to_loop_config
+
+    cfg = ouro_to_loop_config(ctx.shapes.model, exit_policy="final")
+    torch.manual_seed(0)
+    with torch.device(ctx.device):
+        model = LoopedForCausalLM(cfg)
+    model = model.to(torch.bfloat16).eval()
+    lam = gate_lambda(MEAN_EXIT, cfg.num_loops)
+    with torch.no_grad():
+        model.model.exit_gate.weight.zero_()
+        model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
+    return model
+
+
+def model_setting(model) -> str:
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    return (f"random LoopLM (Ouro-1.4B shape) d={c.hidden_size}, L={c.num_hidden_layers}, T={c.num_loops}, "
+            f"V={c.vocab_size}, heads {c.num_attention_heads}/{c.num_key_value_heads}, {params:,} parameters, bf16")
+
+
+def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    import torch
+
+    from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
+
+    build_s, model = ctx.timed(ctx.ouro_model)
+    s = ctx.shapes
+    vocab = model.config.vocab_size
+    base = model_setting(model)
+    sec.add("model_build_s", round(build_s, 2), "s", base)
+    engine = NativeEngine(model)
+
+    def prompts(bsz, seed):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(1, vocab, (bsz, s.prompt_len), generator=gen)
+
+    def native(ids, schedule, policy, new_tokens=s.new_tokens, temperature=0.0, seed=1):
+        return engine.generate(ids.tolist(), SamplingParams(
+            temperature=temperature, max_new_tokens=new_tokens, exit_policy=policy, schedule=schedule, seed=seed,
+            ignore_eos=True))
+
+    warm = prompts(min(8, s.batches[-1]), 0)
+    for schedule in ("dense", "deferred"):
+        native(warm, schedule, "sample", new_tokens=4)
+
+    rb = s.replay_batch
+    setting = (f"{base}; batch {rb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, temperature 1, sampled "
+               f"exits, deferred; replay_logprobs vs the rollout's recorded log-probs")
+    with sec.step("bitwise replay"):
+        batch = native(prompts(rb, 7), "deferred", "sample", temperature=1.0, seed=11)
+        t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, batch))
+        got, want = replayed.logprobs.cpu(), batch.logprobs.cpu()
+        equal = torch.equal(got, want) and torch.equal(replayed.tempered_logprobs.cpu(), batch.tempered_logprobs.cpu())
+        sec.add("replay.bitwise_equal", bool(equal), "", setting)
+        sec.add("replay.max_abs_diff", float((got - want).abs().max()), "nats", setting)
+        sec.add("replay.seconds", round(t_replay, 3), "s", setting)
+
+    gb = s.generate_batch
+    setting = (f"{base}; batch {gb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy, final exits "
+               f"(native deferred schedule vs transformers generate(), same FLOPs per token), one timed run after "
+               f"a warm-up; target native >= 2x; bf16 rounding may split greedy paths")
+    with sec.step(f"native vs generate() at batch {gb}"):
+        ids = prompts(gb, 1000 + gb)
+        t_native, out = ctx.timed(lambda: native(ids, "deferred", "final"))
+        with torch.no_grad():
+            hf_ids = ids.to(ctx.device)
+            model.generate(hf_ids[:, :4], max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)
+            t_hf, hf = ctx.timed(lambda: model.generate(hf_ids, max_new_tokens=s.new_tokens,
+                                                        min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0))
+        tokens = gb * s.new_tokens
+        same_rows = (out.completion_ids.cpu() == hf[:, s.prompt_len:].cpu()).all(dim=1).float().mean()
+        sec.add(f"generate.b{gb}.native_final_tok_s", round(tokens / t_native, 2), "tok/s", setting)
+        sec.add(f"generate.b{gb}.hf_generate_tok_s", round(tokens / t_hf, 2), "tok/s", setting)
+        sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
+        sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
+        del out, hf
+
+    last = 0.0
+    for bsz in s.batches:
+        setting = (f"{base}; batch {bsz}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy tokens, "
+                   f"sampled exits (gate bias for E[t*]={MEAN_EXIT}), one timed run of each after a warm-up; "
+                   f"target deferred >= 1.5x dense at batch >= 8")
+        if not deadline.allows(2.5 * last):  # the next batch size takes longer than the last
+            sec.skip(f"dense vs deferred at batch {bsz}")
+            continue
+        with sec.step(f"dense vs deferred at batch {bsz}"):
+            ids = prompts(bsz, bsz)
+            start = time.perf_counter()
+            t_dense, dense = ctx.timed(lambda: native(ids, "dense", "sample"))
+            t_def, deferred = ctx.timed(lambda: native(ids, "deferred", "sample"))
+            last = time.perf_counter() - start
+            tokens = bsz * s.new_tokens
+            sec.add(f"rollout.b{bsz}.dense_tok_s", round(tokens / t_dense, 2), "tok/s", setting)
+            sec.add(f"rollout.b{bsz}.deferred_tok_s", round(tokens / t_def, 2), "tok/s", setting)
+            sec.add(f"rollout.b{bsz}.deferred/dense", ratio(t_dense, t_def), "x", setting)
+            exits = deferred.exit_steps.cpu()[deferred.completion_mask.cpu()]
+            sec.add(f"rollout.b{bsz}.mean_exit_step", round(float(exits.float().mean()), 3), "steps", setting)
+            sec.add(f"rollout.b{bsz}.passes_per_token_dense", round(dense.stats.passes_per_token, 3), "passes",
+                    setting)
+            sec.add(f"rollout.b{bsz}.passes_per_token_deferred", round(deferred.stats.passes_per_token, 3), "passes",
+                    setting)
+            sec.add(f"rollout.b{bsz}.same_tokens_and_exits",
+                    bool(torch.equal(dense.exit_steps.cpu(), deferred.exit_steps.cpu())
+                         and torch.equal(dense.completion_ids.cpu(), deferred.completion_ids.cpu())), "", setting)
+            del dense, deferred
+
+
+# -- learner -------------------------------------------------------------------------------------------
+def learner_batch(ctx: Context, vocab: int, num_loops: int):
+    """G completions of random lengths per random prompt (rows share their prompt, as in RL)."""
+    import torch
+
+    from rltt.learner import LearnerBatch
+
+    p = ctx.shapes.learner
+    gen = torch.Generator().manual_seed(5)
+    rows = p["prompts"] * p["group"]
+    width = p["prompt_len"] + p["completion_len"]
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    attn = torch.zeros(rows, width, dtype=torch.long)
+    target = torch.zeros(rows, width, dtype=torch.bool)
+    for i in range(p["prompts"]):
+        prompt = torch.randint(1, vocab, (p["prompt_len"],), generator=gen)
+        for j in range(p["group"]):
+            r = i * p["group"] + j
+            n = int(torch.randint(p["completion_len"] // 2, p["completion_len"] + 1, (), generator=gen))
+            ids[r, : p["prompt_len"]] = prompt
+            ids[r, p["prompt_len"]: p["prompt_len"] + n] = torch.randint(1, vocab, (n,), generator=gen)
+            attn[r, : p["prompt_len"] + n] = 1
+            target[r, p["prompt_len"]: p["prompt_len"] + n] = True
+    exits = torch.where(target, torch.randint(1, num_loops + 1, (rows, width), generator=gen), torch.ones_like(ids))
+    sampler = torch.where(target, -torch.rand(rows, width, generator=gen) * 5 - 5, torch.zeros(rows, width))
+    adv = torch.randn(rows, generator=gen)
+    return LearnerBatch(input_ids=ids, attention_mask=attn, target_mask=target, exit_steps=exits, advantages=adv,
+                        sampler_logprobs=sampler, temperature=1.0)
+
+
+def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    import torch
+
+    from rltt.kernels import resolve_impl
+    from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
+    from rltt.telemetry import schema
+
+    model = ctx.ouro_model()
+    p = ctx.shapes.learner
+    batch = learner_batch(ctx, model.config.vocab_size, model.config.num_loops)
+    cfg = LearnerConfig(backend="torch", dtype="bf16", lr=1e-6, micro_batch_size=p["micro"], pack_sequences=True)
+    learner = Learner(model.train(), cfg, AlgorithmConfig(track_kl=False), batch_size=batch.size,
+                      max_len=p["completion_len"])
+    scored = int(batch.target_mask.sum())
+    packed = p["prompts"] * p["prompt_len"] + int(batch.target_mask.sum())
+    setting = (f"{model_setting(model)}; {p['prompts']} prompts x G={p['group']}, prompt {p['prompt_len']} + "
+               f"completions {p['completion_len'] // 2}-{p['completion_len']} tokens, micro-batch {p['micro']}, packed "
+               f"scoring, ppo_clip exit log-prob, torch AdamW bf16, log-prob kernel "
+               f"{resolve_impl(None, learner.device)}; timed step after one warm-up step")
+    t_first, _ = ctx.timed(lambda: learner.train_step(batch))
+    sec.add("first_step_s", round(t_first, 3), "s (AdamW state allocation, compiles)", setting)
+    if not deadline.allows(1.2 * t_first):
+        sec.skip("timed learner step")
+        return
+    with PeakMemory(ctx) as mem:
+        t_step, metrics = ctx.timed(lambda: learner.train_step(batch))
+    sec.add("step_s", round(t_step, 3), "s", setting)
+    sec.add("scored_tokens_per_s", round(scored / t_step, 1), f"tok/s ({scored} completion tokens)", setting)
+    sec.add("packed_tokens_per_s", round(packed / t_step, 1), f"tok/s ({packed} packed tokens, each prompt once)",
+            setting)
+    sec.add("peak_memory_gib", mem.peak_gib, "GiB (weights, grads and AdamW states included)", setting)
+    sec.add("loss_finite", bool(math.isfinite(metrics[schema.LOSS_TOTAL])), "", setting)
+    model.eval()
+
+
+# -- smoke: `rltt train` --------------------------------------------------------------------------------
+def write_smoke_run(ctx: Context, tmp: Path) -> Path:
+    """A small random LoopLM with a locally trained tokenizer, and a recipe on the GSM8K sample."""
+    import torch
+    import yaml
+
+    from rltt.data import GSM8K_SAMPLE_DIR
+    from rltt.data.gsm8k import load_gsm8k
+    from rltt.data.tokenizer import train_tokenizer
+    from rltt.model import LoopConfig, LoopedForCausalLM
+
+    p = ctx.shapes.smoke
+    records = load_gsm8k(GSM8K_SAMPLE_DIR, "train") + load_gsm8k(GSM8K_SAMPLE_DIR, "test")
+    tok = train_tokenizer([r["question"] + "\n" + r["answer"] for r in records], vocab_size=128, kind="char")
+    torch.manual_seed(0)
+    config = LoopConfig(vocab_size=len(tok), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"],
+                        num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_loops=4,
+                        max_position_embeddings=1024, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id)
+    model = LoopedForCausalLM(config)
+    lam = gate_lambda(MEAN_EXIT, config.num_loops)
+    with torch.no_grad():
+        model.model.exit_gate.weight.zero_()
+        model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
+    model.save_pretrained(tmp / "policy")
+    tok.save_pretrained(tmp / "policy")
+    recipe = {
+        "model": {"path": str(tmp / "policy"), "dtype": p["dtype"], "device": ctx.device.type},
+        "data": {"source": str(GSM8K_SAMPLE_DIR), "eval_size": p["eval_size"]},
+        "rewards": [{"fn": "rewards/gsm8k.py:strict"}, {"fn": "rewards/format.py:format_reward", "weight": 0.1}],
+        "rollout": {"prompts_per_step": p["prompts"], "group_size": p["group"], "max_new_tokens": p["new_tokens"],
+                    "exit_policy": "sample", "schedule": "deferred"},
+        "algorithm": {"track_kl": True},
+        "learner": {"backend": "torch", "dtype": p["dtype"], "lr": 1e-4, "micro_batch_size": p["micro"]},
+        "train": {"steps": 5, "eval_every": 5, "threads": p["threads"]},
+        "logging": {"run_dir": str(tmp / "run"), "progress": False, "review_at_end": False},
+        "checkpoint": {"every": 0, "save_final": True},
+    }
+    path = tmp / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    """``rltt train RECIPE`` through the CLI's entry point, in this process (deepspeed, ray and vllm
+    stay unimportable; the section's alarm bounds it)."""
+    from rltt.cli.main import main as rltt_main
+    from rltt.telemetry import read_metrics, schema
+
+    p = ctx.shapes.smoke
+    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-") as name:
+        tmp = Path(name)
+        recipe = write_smoke_run(ctx, tmp)
+        start = time.perf_counter()
+        code = rltt_main(["train", str(recipe)])
+        wall = time.perf_counter() - start
+        if code:
+            raise RuntimeError(f"rltt train {recipe.name} exited with {code} (its error is printed above)")
+        records = read_metrics(tmp / "run")
+        steps = [r for r in records if r["step"] > 0]
+        final = tmp / "run" / "checkpoints"
+        setting = (f"rltt train (the CLI, in-process) on {ctx.device.type}: random LoopLM d={p['hidden']}, "
+                   f"L={p['layers']}, T=4, char tokenizer trained locally, GSM8K sample, {p['prompts']} prompts x "
+                   f"G={p['group']}, {p['new_tokens']} new tokens, deferred + sampled exits, torch backend "
+                   f"{p['dtype']}, track_kl, eval at steps 0 and 5, final checkpoint")
+
+        def mean(key):
+            values = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
+            return round(sum(values) / len(values), 4) if values else None
+
+        sec.add("steps_logged", len(steps), "steps", setting)
+        sec.add("wall_s", round(wall, 2), "s (model load, evaluations, checkpoint)", setting)
+        sec.add("step_time_s_mean", mean(schema.TIME_STEP), "s", setting)
+        sec.add("rollout_tok_s_mean", mean(schema.THROUGHPUT_TOKENS_PER_S), "tok/s", setting)
+        sec.add("peak_memory_gb_max", max((r.get(schema.MEMORY_PEAK_GB) or 0 for r in steps), default=None), "GB", setting)
+        sec.add("reward_mean", mean(schema.REWARD_MEAN), "", setting)
+        sec.add("eval_solve_rate_final", steps[-1].get("eval/solve_rate") if steps else None, "", setting)
+        sec.add("checkpoint_written", final.is_dir() and any(final.iterdir()), "", setting)
+        if len(steps) != 5:
+            raise RuntimeError(f"rltt train logged {len(steps)} steps, expected 5")
+
+
+# -- output -------------------------------------------------------------------------------------------
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "**NO**"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
+    return str(value)
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: a header (command, GPU, versions), one status row per section, then
+    each section's figures, grouped under the setting they were measured in."""
+    env = report["env"]
+    gpu = env.get("gpu")
+    if env.get("gpu_sms"):
+        gpu += f" ({env['gpu_memory_gib']} GiB, compute capability {env['gpu_capability']}, {env['gpu_sms']} SMs)"
+    lines = [f"# GPU check ({env['mode']})", "",
+             f"Command: `{report['command']}`", "",
+             f"- GPU: {gpu}",
+             f"- torch {env['torch']} (CUDA {env['torch_cuda']}), triton {env['triton']}, transformers "
+             f"{env['transformers']}, tokenizers {env['tokenizers']}, Python {env['python']}",
+             f"- rltt {env['rltt_commit']}; Triton interpreter: {env['triton_interpret'] or 'off'}; "
+             f"deepspeed/ray/vllm modules loaded: {len(env.get('heavy_modules_loaded', []))}",
+             f"- total {report['total_s']:.1f} s", "",
+             "| section | status | seconds | budget s | error / skipped |", "|---|---|---:|---:|---|"]
+    for sec in report["sections"].values():
+        note = (sec["error"] or "; ".join(f"skipped: {s}" for s in sec["skipped"]) or "").replace("|", "/")
+        lines.append(f"| {sec['name']} | {sec['status']} | {sec['seconds']:.1f} | {sec['budget_s']:.0f} | {note} |")
+    for sec in report["sections"].values():
+        lines += ["", f"## {sec['name']}"]
+        setting = None
+        for f in sec["figures"]:
+            if f["setting"] != setting:
+                setting = f["setting"]
+                lines += ["", f"Setting: {setting}", "", "| figure | value | unit |", "|---|---:|---|"]
+            lines.append(f"| {f['name']} | {_fmt(f['value'])} | {f['unit'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+
+
+# -- main ---------------------------------------------------------------------------------------------
+FUNCS = dict(imports=section_imports, kernels=section_kernels, rollouts=section_rollouts, learner=section_learner,
+             smoke=section_smoke)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="directory for gpu_check.json and gpu_check.md")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="the same code paths at the smallest shapes on CPU (Triton under its interpreter)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
+    args = parser.parse_args(argv)
+    args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in args.sections if s not in SECTIONS]
+    if bad:
+        parser.error(f"--sections: unknown section {bad[0]!r} (choose from {', '.join(SECTIONS)})")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.cpu_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)  # the kernels must compile for the GPU
+    block_heavy_modules()
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import torch
+
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device (use --cpu-smoke on a machine without one)", file=sys.stderr)
+        return 2
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # tiny shapes: OpenMP threads only stall on shared cores
+    ctx = Context(args.cpu_smoke, args.budget_scale)
+    report = dict(command="python bench/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  env=environment(ctx), sections={}, total_s=0.0)
+    for name in args.sections:
+        result = run_section(name, FUNCS[name], ctx)
+        report["sections"][name] = asdict(result)
+        report["total_s"] = round(time.perf_counter() - started, 2)
+        write_outputs(report, args.out)  # after every section: a killed run still leaves its figures
+    report["env"]["heavy_modules_loaded"] = sorted(
+        m for m in sys.modules if m.split(".")[0] in HEAVY and sys.modules[m] is not None)
+    report["total_s"] = round(time.perf_counter() - started, 2)
+    write_outputs(report, args.out)
+    print(markdown(report))
+    return 0 if all(s["status"] == "ok" for s in report["sections"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""bench/gpu_check.py: its CPU mode runs every section at the smallest shapes and reports every
+figure (so the GPU check cannot rot while no GPU is at hand); the section guards record failures
+and time-outs without stopping the other sections."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rltt.cli import bench as bench_cli
+from rltt.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernel_figures():
+    names = ["auto_impl", "check.all_ok"]
+    for impl in ("triton", "chunked"):
+        for dtype in ("fp32", "bf16"):
+            names += [f"check.{impl}.{dtype}.{k}" for k in
+                      ("logprob_max_abs_err", "entropy_max_abs_err", "grad_max_rel_err", "ok")]
+    for n in (8, 4):  # the CPU smoke's two token counts
+        for impl in ("naive", "chunked", "triton"):
+            names += [f"time.N{n}.{impl}_ms", f"memory.N{n}.{impl}_gib"]
+        for impl in ("chunked", "triton"):
+            names += [f"ratio.N{n}.{impl}/naive_time", f"ratio.N{n}.{impl}/naive_memory"]
+    return names
+
+
+EXPECTED = {
+    "imports": ["modules_imported", "modules_failed", "heavy_modules_loaded"],
+    "kernels": _kernel_figures(),
+    "rollouts": ["model_build_s"]
+    + [f"rollout.b{b}.{k}" for b in (1, 2) for k in
+       ("dense_tok_s", "deferred_tok_s", "deferred/dense", "mean_exit_step", "passes_per_token_dense",
+        "passes_per_token_deferred", "same_tokens_and_exits")]
+    + [f"generate.b2.{k}" for k in ("native_final_tok_s", "hf_generate_tok_s", "native/generate",
+                                    "identical_rows_frac")]
+    + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"],
+    "learner": ["first_step_s", "step_s", "scored_tokens_per_s", "packed_tokens_per_s", "peak_memory_gib",
+                "loss_finite"],
+    "smoke": ["steps_logged", "wall_s", "step_time_s_mean", "rollout_tok_s_mean", "peak_memory_gb_max",
+              "reward_mean", "eval_solve_rate_final", "checkpoint_written"],
+}
+# positive, finite numbers in every run (memory on CPU is an RSS difference that tiny shapes may not move)
+POSITIVE = ["time.N8.naive_ms", "time.N8.triton_ms", "time.N4.chunked_ms", "rollout.b2.dense_tok_s",
+            "rollout.b2.deferred_tok_s", "rollout.b2.deferred/dense", "generate.b2.native/generate",
+            "generate.b2.hf_generate_tok_s", "step_s", "scored_tokens_per_s", "peak_memory_gib",
+            "step_time_s_mean", "rollout_tok_s_mean"]
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["env"]["mode"] == "cpu-smoke" and report["env"]["triton_interpret"] == "1"
+    assert report["env"]["heavy_modules_loaded"] == []
+    assert list(report["sections"]) == list(EXPECTED)
+    values = {}
+    for name, sec in report["sections"].items():
+        assert sec["status"] == "ok", (name, sec["error"], sec["skipped"])
+        names = [f["name"] for f in sec["figures"]]
+        assert len(names) == len(set(names)), name
+        missing = set(EXPECTED[name]) - set(names)
+        assert not missing, (name, sorted(missing))
+        assert all(f["setting"] for f in sec["figures"]), name
+        values.update({f["name"]: f["value"] for f in sec["figures"]})
+    for key in POSITIVE:
+        assert isinstance(values[key], (int, float)) and math.isfinite(values[key]) and values[key] > 0, key
+    # the correctness figures hold on CPU (on the GPU they are findings, recorded either way)
+    assert values["check.all_ok"] is True
+    assert values["replay.bitwise_equal"] is True and values["replay.max_abs_diff"] == 0
+    assert values["rollout.b2.same_tokens_and_exits"] is True  # fp32 accumulation on CPU: same function
+    assert values["modules_failed"] == 0 and values["heavy_modules_loaded"] == 0
+    assert values["steps_logged"] == 5 and values["checkpoint_written"] is True
+    assert values["loss_finite"] is True
+    assert values["auto_impl"] == "chunked"
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert "Command: `python bench/gpu_check.py --cpu-smoke" in text and "transformers" in text
+    for name, sec in report["sections"].items():
+        assert f"## {name}" in text and f"| {name} | ok |" in text
+        for f in sec["figures"]:
+            assert f"| {f['name']} |" in text
+    print(f"cpu smoke: {wall:.1f} s")
+
+
+def _ctx(budget):
+    released = []
+    return SimpleNamespace(shapes=SimpleNamespace(budgets={"a": budget}), budget_scale=1.0,
+                           release=lambda: released.append(True)), released
+
+
+def test_a_failing_section_is_recorded_with_its_figures_so_far():
+    gc = _load()
+    ctx, released = _ctx(10)
+
+    def broken(ctx, sec, deadline):
+        sec.add("before", 1.5, "s", "setting")
+        raise ValueError("kernel did not compile")
+
+    result = gc.run_section("a", broken, ctx)
+    assert result.status == "error" and "ValueError: kernel did not compile" in result.error
+    assert [f.name for f in result.figures] == ["before"] and released == [True]
+
+
+def test_a_section_past_its_budget_is_stopped_and_skips_are_partial():
+    gc = _load()
+    ctx, _ = _ctx(0.3)
+
+    def endless(ctx, sec, deadline):
+        sec.add("first", 1)
+        while True:
+            time.sleep(0.01)
+
+    start = time.perf_counter()
+    result = gc.run_section("a", endless, ctx)
+    assert time.perf_counter() - start < 5
+    assert result.status == "error" and "past its budget" in result.error and result.figures[0].name == "first"
+
+    def short(ctx, sec, deadline):
+        sec.add("nan", float("nan"))
+        if not deadline.allows(60):
+            sec.skip("the long part")
+
+    result = gc.run_section("a", short, ctx)
+    assert result.status == "partial" and result.skipped == ["the long part"]
+    assert result.figures[0].value == "nan"  # JSON has no NaN
+
+
+def test_markdown_groups_figures_under_their_settings(tmp_path):
+    gc = _load()
+    sec = gc.SectionResult("kernels", 100, status="ok", seconds=3.2)
+    sec.add("time.naive_ms", 12.5, "ms", "bf16, N=8192")
+    sec.add("memory.naive_gib", None, "GiB", "bf16, N=8192")
+    sec.add("check.ok", False, "", "tolerances")
+    env = dict(mode="gpu", gpu="NVIDIA H200", gpu_memory_gib=139.8, gpu_capability="9.0", gpu_sms=132,
+               torch="2.11.0", torch_cuda="13.0", triton="3.6.0", transformers="5.17.0", tokenizers="0.23.2",
+               python="3.12.3", rltt_commit="abc1234", triton_interpret="", heavy_modules_loaded=[])
+    report = dict(command="python bench/gpu_check.py --out /out", env=env, total_s=3.3,
+                  sections={"kernels": gc.asdict(sec)})
+    gc.write_outputs(report, tmp_path)
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert "NVIDIA H200 (139.8 GiB" in text and "triton 3.6.0, transformers 5.17.0" in text
+    assert text.count("Setting: bf16, N=8192") == 1 and "Setting: tolerances" in text
+    assert "| time.naive_ms | 12.5 | ms |" in text and "| memory.naive_gib | — | GiB |" in text
+    assert "| check.ok | **NO** |" in text
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["kernels"]["figures"][0]["value"] == 12.5
+
+
+def test_reachable_as_rltt_bench_and_rejects_unknown_sections(capsys):
+    assert "gpu_check" in bench_cli.available()
+    assert main(["bench", "gpu_check", "--help"]) == 0
+    gc = _load()
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--out", "x", "--sections", "kernels,nope"])
+    assert "unknown section 'nope'" in capsys.readouterr().err
+    assert gc.parse_args(["--out", "x", "--sections", "kernels, smoke"]).sections == ["kernels", "smoke"]
