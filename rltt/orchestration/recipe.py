@@ -149,5 +149,5 @@ def load_train_recipe(path: str | Path | None, overrides=()) -> TrainRecipe:
         try:
             load_reward_fn(spec.fn, root=Path(path).parent if path else None)
         except Exception as exc:  # noqa: BLE001 - re-raised as a recipe error naming the key
-            raise recipe_error(f"rewards.{i}.fn", str(exc)) from None
+            raise recipe_error(f"rewards[{i}].fn", str(exc)) from None
     return recipe
