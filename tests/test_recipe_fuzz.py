@@ -47,7 +47,7 @@ SCALARS = st.one_of(
                      "[]", "[1, 2]", "{a: 1}", "[0.9, nan]", "fixed:3", "final", "cuda", "cpu", "bf16", "x:y",
                      "synthetic", "synthetic:bogus", "'quoted'", "~", "{", "]", ": :", "\\n", "hf:"]),
     st.integers(min_value=-(10**40), max_value=10**40).map(str),
-    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=False).map(repr),
     st.text(max_size=30),
 )
 
@@ -76,7 +76,7 @@ def test_random_overrides_load_or_fail_in_one_line_naming_a_key(family, data):
 
 VALUES = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**40), max_value=10**40),
-              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20)),
+              st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=False), st.text(max_size=20)),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
     max_leaves=6,
 )
