@@ -35,15 +35,15 @@ T = 4
 
 def base_data(out: Path, name: str, steps: int, layers: int = 2) -> dict:
     return {
-        "output_dir": str(out / name),
         "data": {"source": "synthetic:quickstart", "block_size": 64, "held_out_docs": 32},
         "tokenizer": {"kind": "bpe", "vocab_size": 512, "train_docs": 1000},
         "model": {"config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
                              "num_attention_heads": 1, "num_loops": T, "max_position_embeddings": 128}},
         "optim": {"lr": 3e-3, "warmup_steps": 0, "grad_clip": 1.0, "min_lr_ratio": 1.0},
         "objective": {"beta": 0.15},
-        "train": {"steps": steps, "batch_size": 8, "log_every": 1, "save_every": steps, "progress": False,
-                  "threads": 1},
+        "train": {"steps": steps, "batch_size": 8, "threads": 1},
+        "logging": {"run_dir": str(out / name), "every": 1, "progress": False},
+        "checkpoint": {"every": steps},
         "eval": {"every": steps, "loss_batches": 1, "solve_problems": 0},
         "alarm": {"p1_threshold": 0.9, "patience": 3},
     }

@@ -27,7 +27,8 @@ class ExitPolicy:
     value: float | int | None = None
 
     @classmethod
-    def parse(cls, spec: "str | ExitPolicy", num_loops: int, field: str = "exit_policy") -> "ExitPolicy":
+    def parse(cls, spec: "str | ExitPolicy", num_loops: int | None, field: str = "exit_policy") -> "ExitPolicy":
+        """Parse ``final | fixed:k | threshold:q | sample``; ``num_loops`` None: T not known yet."""
         if isinstance(spec, ExitPolicy):
             policy = spec
         else:
@@ -45,8 +46,8 @@ class ExitPolicy:
                 except ValueError:
                     raise ConfigError(f"{field}: exit policy {text!r} needs a number after ':'") from None
                 policy = cls(kind, value)
-        if policy.kind == "fixed" and not 1 <= int(policy.value) <= num_loops:
-            raise ConfigError(f"{field}: fixed:{policy.value} is out of range 1..{num_loops}")
+        if policy.kind == "fixed" and not 1 <= int(policy.value) <= (num_loops or int(policy.value)):
+            raise ConfigError(f"{field}: fixed:{policy.value} is out of range 1..{num_loops or 'T'}")
         if policy.kind == "threshold" and not 0.0 < float(policy.value) <= 1.0:
             raise ConfigError(f"{field}: threshold:{policy.value} must be in (0, 1]")
         return policy

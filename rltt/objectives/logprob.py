@@ -19,6 +19,8 @@ Definitions (``kind``):
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from rltt.errors import RlttError
@@ -31,8 +33,10 @@ __all__ = [
     "policy_logprob",
 ]
 
-POLICY_LOGPROB_KINDS = ("exit", "final", "mixture", "rltt")
-OMEGAS = ("exit_pdf", "uniform", "progressive", "learned")
+PolicyLogprobKind = Literal["exit", "final", "mixture", "rltt"]
+Omega = Literal["exit_pdf", "uniform", "progressive", "learned"]
+POLICY_LOGPROB_KINDS = get_args(PolicyLogprobKind)
+OMEGAS = get_args(Omega)
 
 
 def loop_weights(

@@ -9,6 +9,7 @@ for the chosen definition (for RLTT's KL: the final-loop log-prob).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -32,10 +33,14 @@ __all__ = [
     "uniform_groups",
 ]
 
-ADVANTAGE_SCALES = ("group", "batch", "none")
-POLICY_LOSS_KINDS = ("ppo_clip", "reinforce")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+AdvantageScale = Literal["group", "batch", "none"]
+PolicyLossKind = Literal["ppo_clip", "reinforce"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KlEstimator = Literal["k1", "k2", "k3"]
+ADVANTAGE_SCALES = get_args(AdvantageScale)
+POLICY_LOSS_KINDS = get_args(PolicyLossKind)
+AGGREGATIONS = get_args(Aggregation)
+KL_ESTIMATORS = get_args(KlEstimator)
 
 
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -1,57 +1,62 @@
-"""The `rltt train` recipe: one typed YAML document (SPEC §8), validated before any work starts."""
+"""The `rltt train` recipe (also read by `rltt curate` and `rltt eval`): one typed YAML document,
+every value checked before any model loads (see `rltt.config` and `rltt.sections`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
-from rltt.config import load_recipe, recipe_error
-from rltt.data.gsm8k import DEFAULT_TEMPLATE
+from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
+                         load_recipe, recipe_error)
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
-from rltt.rollout.params import SCHEDULES
+from rltt.rollout.params import Schedule
+from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
+                           TrainSection, check_exit_policy, is_file, path_exists)
 
 
 @dataclass
-class ModelSection:
+class ModelSection(ModelPlacement):
     """``path``: a local checkpoint directory (rltt, Ouro or dense HF — dense ones are converted
     with ``convert``), or ``quickstart`` to build/use the tiny quickstart LoopLM."""
 
     path: str = "quickstart"
-    dtype: str = "fp32"
-    device: str = "auto"
     convert: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if self.dtype not in ("fp32", "bf16"):
-            raise recipe_error("model.dtype", f"must be fp32 | bf16, got {self.dtype!r}")
-        if self.path != "quickstart" and not Path(self.path).expanduser().exists() and "/" not in self.path:
-            raise recipe_error("model.path", f"no such checkpoint directory: {self.path}")
+        super().validate()
+        if self.path != "quickstart" and not path_exists(self.path) and "/" not in self.path:
+            raise recipe_error("model.path", f"no such checkpoint directory: {self.path!r}")
+
+    def known_num_loops(self) -> int | None:
+        """T of an rltt checkpoint directory, read from its config.json (None when not known yet)."""
+        config = Path(self.path).expanduser() / "config.json"
+        if self.path == "quickstart" or not is_file(str(config)):
+            return None
+        try:
+            value = json.loads(config.read_text(encoding="utf-8")).get("num_loops")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 @dataclass
-class DataSection:
+class PromptDataSection(DataSection):
     """``source``: ``synthetic[:PRESET]``, a GSM8K-format JSONL/Parquet file or directory, a curated
     file from ``rltt curate``, or a hub id (``openai/gsm8k``). ``eval_source`` likewise (default:
-    held-out synthetic problems, or the source's ``test`` split)."""
+    held-out synthetic problems, or the source's ``test`` split); ``limit``: first N prompts."""
 
-    source: str = "synthetic:quickstart"
-    split: str = "train"
     eval_source: str | None = None
     eval_split: str = "test"
-    eval_size: int = 128
-    limit: int | None = None
-    prompt_template: str = DEFAULT_TEMPLATE
-    seed: int = 0
+    eval_size: PositiveInt = 128
+    limit: PositiveInt | None = None
 
     def validate(self) -> None:
+        super().validate()
         for key, value in (("data.source", self.source), ("data.eval_source", self.eval_source)):
-            if value and not value.startswith("synthetic") and not _is_hub_id(value) and not Path(value).exists():
-                raise recipe_error(key, f"no such file or directory: {value}")
-        if "{question}" not in self.prompt_template:
-            raise recipe_error("data.prompt_template", "must contain {question}")
-        if self.eval_size < 1:
-            raise recipe_error("data.eval_size", f"must be >= 1, got {self.eval_size}")
+            if value and not value.startswith("synthetic") and not _is_hub_id(value) and not path_exists(value):
+                raise recipe_error(key, f"no such file or directory: {value!r}")
 
 
 def _is_hub_id(value: str) -> bool:
@@ -66,79 +71,68 @@ class RewardSpec:
 
 @dataclass
 class RolloutSection:
-    """``group_size`` = G completions per prompt; ``prompts_per_step`` groups per RL step."""
+    """``group_size`` = G completions per prompt; ``prompts_per_step`` groups per RL step.
+    ``temperature`` > 0 (RL samples), ``top_p`` in (0, 1], ``top_k`` (0 = off); ``exit_policy``
+    ``final | fixed:k | threshold:q | sample`` (null: the model's own)."""
 
-    engine: str = "native"
-    prompts_per_step: int = 8
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
+    engine: Literal["native"] = "native"
+    prompts_per_step: PositiveInt = 8
+    group_size: Annotated[int, Range(ge=2, why="group size 1 can never learn: every group is uniform, "
+                                               "so every advantage is 0")] = 8
+    temperature: PositiveFloat = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
+    top_k: NonNegativeInt = 0
+    max_new_tokens: PositiveInt = 64
     exit_policy: str | None = None
-    schedule: str = "deferred"
+    schedule: Schedule = "deferred"
     stop_strings: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
-        if self.engine != "native":
-            raise recipe_error("rollout.engine", f"only the native engine is available (the vLLM worker is not built "
-                                                 f"yet), got {self.engine!r}")
-        if self.schedule not in SCHEDULES:
-            raise recipe_error("rollout.schedule", f"must be one of {' | '.join(SCHEDULES)}, got {self.schedule!r}")
-        for key in ("prompts_per_step", "group_size", "max_new_tokens"):
-            if getattr(self, key) < 1:
-                raise recipe_error(f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
-        if self.temperature <= 0:
-            raise recipe_error("rollout.temperature", "RL needs sampling: must be > 0")
+        if any(not s for s in self.stop_strings):
+            raise recipe_error("rollout.stop_strings", "must be non-empty strings")
 
 
 @dataclass
-class TrainSection:
-    steps: int = 20
-    eval_every: int = 10
-    eval_samples: int = 1
-    eval_temperature: float = 1.0
-    threads: int = 0  # torch CPU threads (0 = torch's default)
+class RLTrainSection(TrainSection):
+    """``eval_every`` steps (0 = no evaluation) the held-out set is sampled ``eval_samples`` times
+    per prompt at ``eval_temperature`` (0 = greedy)."""
 
-    def validate(self) -> None:
-        if self.threads < 0:
-            raise recipe_error("train.threads", f"must be >= 0, got {self.threads}")
-        if self.steps < 1:
-            raise recipe_error("train.steps", f"must be >= 1, got {self.steps}")
+    eval_every: NonNegativeInt = 10
+    eval_samples: PositiveInt = 1
+    eval_temperature: NonNegativeFloat = 1.0
 
 
 @dataclass
-class LoggingSection:
+class RLLoggingSection(LoggingSection):
+    """Also ``tensorboard`` / ``wandb`` sinks and the health review every ``review_every`` steps
+    (0 = off) and at the end."""
+
     run_dir: str = "runs/quickstart"
     tensorboard: bool = False
     wandb: bool = False
-    review_every: int = 0
+    review_every: NonNegativeInt = 0
     review_at_end: bool = True
-    progress: bool = True
-
-
-@dataclass
-class CheckpointSection:
-    every: int = 10
-    save_final: bool = True
 
 
 @dataclass
 class TrainRecipe:
+    RENAMED: ClassVar[dict[str, str]] = TRAIN_RENAMED
+
     model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
+    data: PromptDataSection = field(default_factory=PromptDataSection)
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     rollout: RolloutSection = field(default_factory=RolloutSection)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
-    train: TrainSection = field(default_factory=TrainSection)
-    logging: LoggingSection = field(default_factory=LoggingSection)
+    train: RLTrainSection = field(default_factory=RLTrainSection)
+    logging: RLLoggingSection = field(default_factory=RLLoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     seed: int = 0
 
     def validate(self) -> None:
         if not self.rewards:
             raise recipe_error("rewards", "needs at least one reward function")
+        check_exit_policy("rollout.exit_policy", self.rollout.exit_policy, self.model.known_num_loops())
 
     @property
     def batch_size(self) -> int:
@@ -146,7 +140,8 @@ class TrainRecipe:
 
 
 def load_train_recipe(path: str | Path | None, overrides=()) -> TrainRecipe:
-    """Load and validate a train recipe (unknown key, wrong type or missing file: one-line error)."""
+    """Load and check a train recipe (unknown key, wrong type, bad value or missing file: a
+    one-line error naming the key) and import its reward functions."""
     recipe = load_recipe(TrainRecipe, path, list(overrides))
     from rltt.data.rewards import load_reward_fn
 
@@ -154,5 +149,5 @@ def load_train_recipe(path: str | Path | None, overrides=()) -> TrainRecipe:
         try:
             load_reward_fn(spec.fn, root=Path(path).parent if path else None)
         except Exception as exc:  # noqa: BLE001 - re-raised as a recipe error naming the key
-            raise recipe_error(f"rewards.{i}.fn", str(exc)) from None
+            raise recipe_error(f"rewards[{i}].fn", str(exc)) from None
     return recipe

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, get_args
 
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 
-SCHEDULES = ("dense", "deferred")
+Schedule = Literal["dense", "deferred"]
+SCHEDULES = get_args(Schedule)
 
 Decoder = Callable[[Sequence[int]], str]
 

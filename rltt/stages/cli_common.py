@@ -12,7 +12,7 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted recipe overrides, e.g. train.steps=100 optim.lr=1e-3")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in output_dir")
+                        help="continue from the newest checkpoint in logging.run_dir")
 
 
 def report(result: StageResult) -> None:

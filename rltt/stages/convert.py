@@ -42,7 +42,7 @@ def create_dense(path: Path, builder: DenseBuilder, recipe: ConvertRecipe, sourc
         packer = train_packer(sources, tokenizer, recipe.data)
         optimizer = torch.optim.AdamW(dense.parameters(), lr=builder.lr, weight_decay=0.0)
         dense.train()
-        for _ in tqdm(range(builder.steps), desc="dense", disable=not recipe.train.progress):
+        for _ in tqdm(range(builder.steps), desc="dense", disable=not recipe.logging.progress):
             batch = packer.batch(recipe.train.batch_size)
             loss = dense(input_ids=batch, labels=batch).loss
             loss.backward()

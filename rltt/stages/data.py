@@ -18,7 +18,7 @@ from rltt.data.synthetic import SyntheticProblem, generate_problem, resolve_diff
 from rltt.data.text import BlockPacker, DocumentSource, ListSource, SyntheticSource, load_documents, record_text
 from rltt.data.tokenizer import load_tokenizer, train_tokenizer
 from rltt.errors import RlttError
-from rltt.stages.recipe import DataSection, TokenizerSection
+from rltt.stages.recipe import TextDataSection, TokenizerSection
 
 #: offset added to ``data.seed`` for the held-out synthetic problems (disjoint from training)
 HELD_OUT_SEED_OFFSET = 1
@@ -32,21 +32,21 @@ class Sources:
     held_out: ListSource
 
 
-def synthetic_difficulty(data: DataSection):
+def synthetic_difficulty(data: TextDataSection):
     """The `Difficulty` of a synthetic source (``difficulty`` beats the ``synthetic:PRESET``)."""
     if data.difficulty is not None:
         return resolve_difficulty(data.difficulty)
     return resolve_difficulty(data.source.partition(":")[2] or "quickstart")
 
 
-def _hf_documents(data: DataSection) -> ListSource:
+def _hf_documents(data: TextDataSection) -> ListSource:
     try:
         import datasets
     except ImportError:
         raise RlttError("data.source hf:...: needs the 'datasets' package (pip install 'rltt[data]')") from None
     name = data.source[3:]
     try:
-        dataset = datasets.load_dataset(name, data.hf_config, split=data.hf_split)
+        dataset = datasets.load_dataset(name, data.hf_config, split=data.split)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise RlttError(f"data.source: could not load dataset '{name}': {first}") from None
@@ -55,18 +55,18 @@ def _hf_documents(data: DataSection) -> ListSource:
         if isinstance(record.get(data.text_field), str):
             texts.append(record[data.text_field])
         else:
-            texts.append(record_text(record, data.template, f"{name} row {row}"))
+            texts.append(record_text(record, data.prompt_template, f"{name} row {row}"))
     return ListSource(texts)
 
 
-def open_sources(data: DataSection) -> Sources:
+def open_sources(data: TextDataSection) -> Sources:
     """The training source and ``held_out_docs`` held-out documents for a ``data`` section."""
     if data.is_synthetic:
         difficulty = synthetic_difficulty(data)
-        train = SyntheticSource(difficulty, seed=data.seed, template=data.template)
-        held = SyntheticSource(difficulty, seed=data.seed + HELD_OUT_SEED_OFFSET, template=data.template)
+        train = SyntheticSource(difficulty, seed=data.seed, template=data.prompt_template)
+        held = SyntheticSource(difficulty, seed=data.seed + HELD_OUT_SEED_OFFSET, template=data.prompt_template)
         return Sources(train, ListSource([held.document(i) for i in range(data.held_out_docs)]))
-    docs = _hf_documents(data) if data.source.startswith("hf:") else load_documents(data.source, data.template)
+    docs = _hf_documents(data) if data.source.startswith("hf:") else load_documents(data.source, data.prompt_template)
     texts = list(docs.texts)
     if len(texts) <= data.held_out_docs:
         raise RlttError(
@@ -86,13 +86,13 @@ def build_tokenizer(section: TokenizerSection, source: DocumentSource, block_siz
                            model_max_length=max(block_size, 2048))
 
 
-def train_packer(sources: Sources, tokenizer, data: DataSection) -> BlockPacker:
+def train_packer(sources: Sources, tokenizer, data: TextDataSection) -> BlockPacker:
     """The resumable packer over the training documents."""
     return BlockPacker.from_tokenizer(sources.train, tokenizer, data.block_size,
                                       shuffle=data.shuffle, seed=data.seed)
 
 
-def held_out_batches(sources: Sources, tokenizer, data: DataSection, batch_size: int,
+def held_out_batches(sources: Sources, tokenizer, data: TextDataSection, batch_size: int,
                      num_batches: int) -> list[torch.Tensor]:
     """Up to ``num_batches`` fixed (batch_size, block_size) batches of held-out text."""
     packer = BlockPacker.from_tokenizer(sources.held_out, tokenizer, data.block_size, repeat=False)
@@ -105,7 +105,7 @@ def held_out_batches(sources: Sources, tokenizer, data: DataSection, batch_size:
     return batches
 
 
-def eval_problems(data: DataSection, count: int) -> list[SyntheticProblem]:
+def eval_problems(data: TextDataSection, count: int) -> list[SyntheticProblem]:
     """``count`` held-out synthetic problems (seed ``data.seed + 1``) for the solve rate."""
     difficulty = synthetic_difficulty(data)
     seed = data.seed + HELD_OUT_SEED_OFFSET

@@ -57,7 +57,7 @@ def ensure_quickstart_model(cache_dir: str | Path | None = None, overrides: Iter
         if ready is not None:
             return ready
         run_dir = home / "run"
-        recipe = load_pretrain_recipe(RECIPE, [*overrides, f"output_dir={run_dir}", f"train.progress={progress}"])
+        recipe = load_pretrain_recipe(RECIPE, [*overrides, f"logging.run_dir={run_dir}", f"logging.progress={progress}"])
         if not (run_dir / "metrics.jsonl").exists() or not (run_dir / "checkpoints").is_dir():
             _clear(run_dir)  # nothing to resume: start clean
         result = pretrain(recipe, resume=(run_dir / "metrics.jsonl").exists())

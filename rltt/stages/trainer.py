@@ -56,7 +56,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RlttError(f"train.device={name!r} but CUDA is not available")
+        raise RlttError(f"model.device={name!r} but CUDA is not available")
     return torch.device(name)
 
 
@@ -83,19 +83,20 @@ class StageRun:
 
     def __init__(self, recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage"):
         self.recipe, self.stage = recipe, stage
-        self.run_dir = Path(recipe.output_dir)
+        self.run_dir = Path(recipe.logging.run_dir)
         t = recipe.train
         if t.threads:
             torch.set_num_threads(t.threads)
-        self.device = pick_device(t.device)
+        self.device = pick_device(recipe.model.device)
         if self.device.type == "cpu":
             # tiny Adam second moments and gate gradients turn denormal and slow CPU math ~10x
             torch.set_flush_denormal(True)
         self.sources = open_sources(recipe.data)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if not resume and (self.run_dir / "metrics.jsonl").exists():
-            raise RlttError(f"output_dir {self.run_dir} already holds a run; pass --resume or choose another output_dir")
-        torch.manual_seed(t.seed)
+            raise RlttError(f"logging.run_dir {self.run_dir} already holds a run; pass --resume or choose "
+                            "another logging.run_dir")
+        torch.manual_seed(recipe.seed)
         if resume_from is not None:
             self.model = LoopedForCausalLM.from_pretrained(resume_from, dtype=torch.float32, local_files_only=True)
             self.tokenizer = load_tokenizer(resume_from)
@@ -113,7 +114,7 @@ class StageRun:
         if resume_from is not None:
             self._load_state(ckpt.load_trainer_state(resume_from))
         self.autocast = (partial(torch.autocast, self.device.type, dtype=torch.bfloat16)
-                         if t.dtype == "bf16" else nullcontext)
+                         if recipe.model.dtype == "bf16" else nullcontext)
         self.held_out = held_out_batches(self.sources, self.tokenizer, recipe.data, t.batch_size,
                                          recipe.eval.loss_batches) if recipe.eval.loss_batches else []
         e = recipe.eval
@@ -188,7 +189,7 @@ class StageRun:
         e, d = self.recipe.eval, self.recipe.data
         out = held_out_metrics(self.model, self.held_out, self.recipe.objective.beta, self.device, self.autocast)
         if self.problems:
-            result = solve_rate(self.model, self.tokenizer, self.problems, template=d.template,
+            result = solve_rate(self.model, self.tokenizer, self.problems, template=d.prompt_template,
                                 max_new_tokens=e.max_new_tokens, temperature=e.temperature,
                                 exit_policy=e.exit_policy, batch_size=e.solve_batch_size,
                                 seed=e.seed, device=self.device)
@@ -204,13 +205,15 @@ class StageRun:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, on_step: Callable[[int, dict], None] | None = None) -> StageResult:
-        t, e = self.recipe.train, self.recipe.eval
-        bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not t.progress, dynamic_ncols=True)
+        t, e, c = self.recipe.train, self.recipe.eval, self.recipe.checkpoint
+        log_every = self.recipe.logging.every
+        bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not self.recipe.logging.progress,
+                   dynamic_ncols=True)
         try:
             while self.step < t.steps:
                 metrics = self.train_step()
                 record: dict = {}
-                if self.step % t.log_every == 0 or self.step == t.steps:
+                if self.step % log_every == 0 or self.step == t.steps:
                     record.update(metrics)
                     record[schema.MEMORY_PEAK_GB] = peak_memory_gb(self.device)
                     self._alarm(metrics)
@@ -221,7 +224,7 @@ class StageRun:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics[schema.LM_LOSS]:.3f}", p1=f"{metrics[schema.exit_p_key(1)]:.2f}",
                                 Et=f"{metrics[schema.EXIT_MEAN_STEP]:.2f}")
-                if self.step % t.save_every == 0 or self.step == t.steps:
+                if (c.every and self.step % c.every == 0) or (self.step == t.steps and c.save_final):
                     self.save()
                 if on_step is not None:
                     on_step(self.step, metrics)

@@ -8,12 +8,13 @@ TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2
 
 def tiny_pretrain_data(run_dir, **extra) -> dict:
     data = {
-        "output_dir": str(run_dir),
         "data": {"source": "synthetic:trivial", "block_size": 48, "held_out_docs": 16},
         "tokenizer": {"kind": "char", "vocab_size": 64, "train_docs": 200},
         "model": {"config": dict(TINY_MODEL)},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
-        "train": {"steps": 8, "batch_size": 4, "log_every": 1, "save_every": 4, "progress": False, "threads": 1},
+        "train": {"steps": 8, "batch_size": 4, "threads": 1},
+        "logging": {"run_dir": str(run_dir), "every": 1, "progress": False},
+        "checkpoint": {"every": 4},
         "eval": {"every": 4, "loss_batches": 1, "solve_problems": 4, "solve_batch_size": 4, "max_new_tokens": 8},
     }
     for key, value in extra.items():

@@ -12,7 +12,6 @@ from rltt.telemetry import read_metrics
 
 def convert_data(tmp_path, **model):
     return {
-        "output_dir": str(tmp_path / "run"),
         "model": {"dense_path": str(tmp_path / "dense"), "num_loops": 3, "injection": "scalar",
                   "create_dense_if_missing": {"config": {"hidden_size": 32, "intermediate_size": 64,
                                                          "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -21,7 +20,9 @@ def convert_data(tmp_path, **model):
         "data": {"source": "synthetic:trivial", "block_size": 48, "held_out_docs": 16},
         "tokenizer": {"kind": "char", "vocab_size": 64, "train_docs": 200},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
-        "train": {"steps": 4, "batch_size": 4, "log_every": 1, "save_every": 2, "progress": False, "threads": 1},
+        "train": {"steps": 4, "batch_size": 4, "threads": 1},
+        "logging": {"run_dir": str(tmp_path / "run"), "every": 1, "progress": False},
+        "checkpoint": {"every": 2},
         "eval": {"every": 4, "loss_batches": 1, "solve_problems": 2, "solve_batch_size": 2, "max_new_tokens": 4},
     }
 

@@ -22,7 +22,7 @@ def _stable(records):
 
 def test_short_pretrain_lowers_loss_and_writes_everything(tmp_path):
     run = tmp_path / "run"
-    result = pretrain(tiny_pretrain_recipe(run, ["train.steps=30", "train.save_every=10", "eval.every=30", "optim.lr=1e-2"]))
+    result = pretrain(tiny_pretrain_recipe(run, ["train.steps=30", "checkpoint.every=10", "eval.every=30", "optim.lr=1e-2"]))
     records = read_metrics(run)
     losses = [r[schema.LM_LOSS] for r in records if schema.LM_LOSS in r]
     assert len(losses) == 30
@@ -104,7 +104,7 @@ def test_collapse_alarm_silent_on_healthy_run(tmp_path):
 
 def test_bf16_autocast_runs(tmp_path):
     run = tmp_path / "bf16"
-    pretrain(tiny_pretrain_recipe(run, ["train.steps=3", "train.dtype=bf16", "eval.every=3"]))
+    pretrain(tiny_pretrain_recipe(run, ["train.steps=3", "model.dtype=bf16", "eval.every=3"]))
     losses = [r[schema.LM_LOSS] for r in read_metrics(run) if schema.LM_LOSS in r]
     assert len(losses) == 3 and all(0 < v < 10 for v in losses)
 
@@ -114,7 +114,7 @@ def test_resume_before_first_checkpoint_starts_over_cleanly(tmp_path):
     pretrain(tiny_pretrain_recipe(full, ["train.steps=4", "eval.every=4"]))
 
     def crash(step, metrics):
-        if step == 2:  # no checkpoint yet (save_every = 4)
+        if step == 2:  # no checkpoint yet (checkpoint.every = 4)
             raise Interrupt
 
     with pytest.raises(Interrupt):

@@ -9,7 +9,7 @@ from rltt.stages import quickstart
 from rltt.stages.quickstart import ensure_quickstart_model, quickstart_info
 
 #: a seconds-long variant of recipes/pretrain-tiny.yaml (same code path, tiny sizes)
-FAST = ["train.steps=3", "train.save_every=2", "eval.every=3", "eval.solve_problems=2", "eval.max_new_tokens=4",
+FAST = ["train.steps=3", "checkpoint.every=2", "eval.every=3", "eval.solve_problems=2", "eval.max_new_tokens=4",
         "eval.loss_batches=1", "data.block_size=32", "data.held_out_docs=8", "tokenizer.train_docs=50",
         "tokenizer.kind=char", "tokenizer.vocab_size=64", "model.config.hidden_size=64",
         "model.config.intermediate_size=64", "model.config.num_attention_heads=1", "train.batch_size=2"]
@@ -54,7 +54,7 @@ def test_interrupted_build_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(stage, "pretrain", real)
     path = ensure_quickstart_model(tmp_path, overrides=FAST, progress=False)
     steps = [json.loads(line)["step"] for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3] or steps == [3]  # log_every of the recipe decides which are logged
+    assert steps == [1, 2, 3] or steps == [3]  # logging.every of the recipe decides which are logged
     assert json.loads((path.parents[1] / "quickstart.json").read_text())["step"] == 3
 
 

@@ -20,7 +20,7 @@ def test_shipped_recipes_load():
     assert isinstance(conv, ConvertRecipe) and conv.objective.eps == 0.05
     # the GPU recipe needs a checkpoint this machine does not have: it names the key and path
     with pytest.raises(RlttError, match=r"model\.dense_path.*Qwen3-1\.7B-Base"):
-        load_stage_recipe("convert", RECIPES / "convert-qwen3.yaml", ["data.source=synthetic"])
+        load_stage_recipe("convert", RECIPES / "convert-qwen3.yaml", ["data.source=synthetic", "model.device=auto"])
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -31,7 +31,7 @@ def test_shipped_recipes_load():
     (["tokenizer.kind=word"], "tokenizer.kind"),
     (["data.source=/nope/text.jsonl"], "/nope/text.jsonl"),
     (["tokenizer.path=/nope/tok"], "/nope/tok"),
-    (["train.dtype=fp8"], "train.dtype"),
+    (["model.dtype=fp8"], "model.dtype"),
     (["data.difficulty=impossible"], "data.difficulty"),
 ])
 def test_bad_pretrain_recipe_is_one_line_naming_key(overrides, needle):
@@ -49,7 +49,7 @@ def test_unknown_key_in_yaml(tmp_path):
 
 def test_cli_prints_one_line_before_any_work(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["pretrain", str(RECIPES / "pretrain-tiny.yaml"), f"output_dir={out}", "optim.warmup_steps=-1"])
+    code = main(["pretrain", str(RECIPES / "pretrain-tiny.yaml"), f"logging.run_dir={out}", "optim.warmup_steps=-1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "optim.warmup_steps" in err
     assert not out.exists()

@@ -1,0 +1,148 @@
+"""Recipe sections every recipe family shares (``train``/``curate``/``eval``, ``pretrain``, ``convert``).
+
+The same thing has the same key everywhere: the run folder is ``logging.run_dir``, the run seed
+is the top-level ``seed``, checkpoints are written every ``checkpoint.every`` steps, the model
+is placed by ``model.dtype`` / ``model.device``, the loop runs ``train.steps`` steps on
+``train.threads`` CPU threads, and prompts are built from ``data.prompt_template``. Each family
+extends these classes with its own fields (`rltt.orchestration.recipe`, `rltt.stages.recipe`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rltt.config import NonNegativeInt, PositiveInt, recipe_error
+from rltt.data.gsm8k import DEFAULT_TEMPLATE
+from rltt.errors import ConfigError
+
+Dtype = Literal["fp32", "bf16"]
+
+#: keys of the recipe families before they shared one naming: old dotted key -> new one
+STAGE_RENAMED = {
+    "output_dir": "logging.run_dir",
+    "train.seed": "seed",
+    "train.save_every": "checkpoint.every",
+    "train.log_every": "logging.every",
+    "train.progress": "logging.progress",
+    "train.dtype": "model.dtype",
+    "train.device": "model.device",
+    "data.template": "data.prompt_template",
+    "data.hf_split": "data.split",
+}
+TRAIN_RENAMED = {
+    "learner.seed": "seed",
+    "output_dir": "logging.run_dir",
+    "train.seed": "seed",
+    "train.save_every": "checkpoint.every",
+}
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device(key: str, device: str) -> None:
+    """``device`` is ``auto | cpu | cuda[:i]`` and, for CUDA, a GPU of that index is present."""
+    if not _DEVICE.match(device):
+        raise recipe_error(key, f"must be auto | cpu | cuda[:i], got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise recipe_error(key, f"is {device!r} but no CUDA GPU is available here (use auto or cpu)")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise recipe_error(key, f"is {device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+
+
+def check_exit_policy(key: str, spec: str | None, num_loops: int | None) -> None:
+    """``spec`` parses as ``final | fixed:k | threshold:q | sample`` (k <= ``num_loops`` when known)."""
+    if spec is None:
+        return
+    from rltt.model.exits import ExitPolicy
+
+    try:
+        ExitPolicy.parse(spec, num_loops, field=key)
+    except ConfigError as exc:
+        raise recipe_error(key, str(exc).removeprefix(f"{key}: ")) from None
+
+
+def path_exists(text: str) -> bool:
+    """Whether ``text`` names an existing path (False, not an exception, for unusable names)."""
+    try:
+        return Path(text).expanduser().exists()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def is_file(text: str) -> bool:
+    try:
+        return Path(text).expanduser().is_file()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def is_dir(text: str) -> bool:
+    try:
+        return Path(text).expanduser().is_dir()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+@dataclass
+class ModelPlacement:
+    """``dtype`` fp32 | bf16 and ``device`` auto | cpu | cuda[:i] of the model."""
+
+    dtype: Dtype = "fp32"
+    device: str = "auto"
+
+    def validate(self) -> None:
+        check_device("model.device", self.device)
+
+
+@dataclass
+class DataSection:
+    """``source`` and its ``split``; prompts are ``prompt_template`` with ``{question}`` filled;
+    ``seed`` orders (and, for synthetic sources, generates) the data."""
+
+    source: str = "synthetic:quickstart"
+    split: str = "train"
+    prompt_template: str = DEFAULT_TEMPLATE
+    seed: int = 0
+
+    def validate(self) -> None:
+        if "{question}" not in self.prompt_template:
+            raise recipe_error("data.prompt_template", "must contain {question}")
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.source == "synthetic" or self.source.startswith("synthetic:")
+
+
+@dataclass
+class TrainSection:
+    """``steps`` optimizer steps; ``threads`` torch CPU threads (0 = torch's default)."""
+
+    steps: PositiveInt = 20
+    threads: NonNegativeInt = 0
+
+
+@dataclass
+class LoggingSection:
+    """``run_dir``: where metrics, checkpoints and the final model go; ``progress``: a progress bar."""
+
+    run_dir: str = "runs/run"
+    progress: bool = True
+
+    def validate(self) -> None:
+        if not self.run_dir.strip():
+            raise recipe_error("logging.run_dir", "must not be empty")
+
+
+@dataclass
+class CheckpointSection:
+    """A checkpoint every ``every`` steps (0 = none on the way) and, if ``save_final``, at the end."""
+
+    every: NonNegativeInt = 10
+    save_final: bool = True
