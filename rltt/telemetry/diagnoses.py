@@ -4,7 +4,7 @@ Every check reads only the metric keys of :mod:`rltt.telemetry.schema`, stays si
 those keys are absent or too few points were logged (a run that just started), and states
 its evidence as *which metric, which steps, which statistic, which threshold*. The
 thresholds are the module constants below; they come from the objectives and telemetry
-sections of docs/design.md (§5, §7) and from measured runs.
+sections of docs/design.md (§5, §6) and from measured runs.
 
 Most "state" checks look at the *late window*: the last :data:`LATE_WINDOW_FRACTION` of the
 logged points, so a problem that appeared late is caught and one that resolved itself is not
