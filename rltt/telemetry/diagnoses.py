@@ -280,8 +280,9 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
                                      GRAD_NORM_SMALL))
             causes.append("grad")
     if "lr" in causes:
-        action = (f"raise the learning rate (recipe key lr): at lr ≤ {_sci(LR_LOW)} a GRPO run "
-                  f"keeps KL ≈ 2e-4 and does not learn; try lr {_sci(LR_SUGGESTED)}")
+        action = (f"raise the learning rate (recipe key lr), e.g. to {_sci(LR_SUGGESTED)}: a GRPO "
+                  f"run at lr 1e-6 kept KL ≈ 2e-4 and did not learn, one at {_sci(LR_SUGGESTED)} "
+                  "moved the policy")
     elif "grad" in causes:
         action = ("the gradient is tiny: advantages are near zero — check uniform groups "
                   "(curate for mixed solve rate with `rltt curate`) and the reward functions")
