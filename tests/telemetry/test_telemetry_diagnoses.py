@@ -1,10 +1,12 @@
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.telemetry.telemetry_synth import healthy_records, lm_records, mutate, quickstart_records
 
 from rltt.telemetry import diagnoses as dx
+from rltt.telemetry import schema
 from rltt.telemetry.series import RunData
 
 
@@ -264,3 +266,16 @@ def test_policy_drift_with_a_falling_reward_is_critical():
 def test_moderate_kl_is_not_drift():
     records = mutate(healthy_records(), 0, kl__ref=0.2)
     assert "policy_drift" not in ids(records)
+
+
+def test_a_real_logged_quickstart_run_is_healthy():
+    """`rltt train recipes/quickstart.yaml train.steps=80 train.eval_every=0` (CPU, fp32), logged
+    with strict keys: its policy loss jumps by a robust z of ~17, which the former loss-spike
+    test reported as a warning on this healthy run."""
+    run = RunData.load(Path(__file__).parent / "data" / "quickstart_80_steps.jsonl")
+    assert len(run) == 80
+    assert dx.diagnose(run) == []
+    _, loss = run.series("loss/total")
+    assert dx.robust_spikes(loss)[1].max() > 2 * dx.SPIKE_Z
+    assert dx.unchecked(run) == []  # every check could look at it
+    assert {k for r in run.records for k in r if schema.lookup(k) is None} == set()
