@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Every MetricsLogger a test builds (the training loops' included, in subprocesses too) rejects
+# a metric key that rltt.telemetry.schema does not document.
+os.environ.setdefault("RLTT_STRICT_METRICS", "1")
 # Triton's interpreter only works if it is on before triton is first imported (its language
 # helpers are jit'd at import); libraries imported by other tests may import triton, so the
 # whole CPU test session runs with it on (Triton cannot run natively without a GPU anyway).

@@ -3,7 +3,8 @@
 Every check reads only the metric keys of :mod:`rltt.telemetry.schema`, stays silent when
 those keys are absent or too few points were logged (a run that just started), and states
 its evidence as *which metric, which steps, which statistic, which threshold*. The
-thresholds are the module constants below; they come from SPEC §4–6 and the seed runs.
+thresholds are the module constants below; they come from the objectives and telemetry
+sections of docs/design.md (§5, §6) and from measured runs.
 
 Most "state" checks look at the *late window*: the last :data:`LATE_WINDOW_FRACTION` of the
 logged points, so a problem that appeared late is caught and one that resolved itself is not
@@ -30,11 +31,11 @@ LATE_WINDOW_FRACTION = 0.5
 MIN_POINTS = 5
 
 #: Policy not moving: the 90th percentile of kl/ref over the late window at or below this
-#: (the seed's lr = 1e-6 run sat at KL ≈ 2e-4 for its whole length) ...
+#: (a GRPO run at lr 1e-6 sat at KL ≈ 2e-4 for its whole length) ...
 KL_STUCK_MAX = 3e-4
 #: ... once the run has logged kl/ref at least this many times.
 KL_STUCK_MIN_STEPS = 20
-#: An lr at or below this is reported as the likely cause (seed: 1e-6; 1e-5 moved).
+#: An lr at or below this is reported as the likely cause (1e-6 stayed put; 1e-5 moved).
 LR_LOW = 2e-6
 #: The lr the action suggests.
 LR_SUGGESTED = 1e-5
@@ -59,8 +60,19 @@ EXIT_COLLAPSE_P1 = 0.9
 #: grad_norm/layer/<first> / grad_norm/layer/<last> below this.
 GRAD_LAYER_RATIO_MIN = 0.1
 
-#: Spikes: keys checked for upward outliers.
-SPIKE_KEYS = (schema.LOSS_TOTAL, schema.LM_LOSS, schema.GRAD_NORM_TOTAL)
+#: Spikes: the keys checked for upward outliers, each with the factor by which a point must
+#: also exceed the trailing median (the scale-aware half of the test, see :func:`robust_spikes`).
+#: Only positive quantities are checked: the LM loss, the gradient norm and the largest
+#: importance ratio. The RL losses (``loss/policy``, ``loss/total``) are signed and hover
+#: around zero — their level is set by the group-centred advantages, not by how well the
+#: model fits — so a robust z-score of them means nothing; an unstable RL update shows in the
+#: grad norm and the ratio instead (and a drifting policy in the KL, see check_policy_drift).
+SPIKE_MIN_JUMP = {
+    schema.LM_LOSS: 1.25,  # the LM loss 25 % above its recent level
+    schema.GRAD_NORM_TOTAL: 3.0,  # the gradient norm 3× its recent level
+    schema.POLICY_RATIO_MAX: 2.0,  # some token's probability doubled within one batch's updates
+}
+SPIKE_KEYS = tuple(SPIKE_MIN_JUMP)
 #: Robust z-score above which a point is a spike: (x − median) / (1.4826·MAD) over the
 #: trailing window of the previous points.
 SPIKE_Z = 6.0
@@ -204,13 +216,18 @@ def _span(steps: np.ndarray) -> tuple[int, int]:
 
 
 def robust_spikes(values: np.ndarray, z: float = SPIKE_Z, window: int = SPIKE_WINDOW,
-                  min_history: int = SPIKE_MIN_HISTORY,
-                  rel_floor: float = SPIKE_REL_FLOOR) -> tuple[np.ndarray, np.ndarray]:
+                  min_history: int = SPIKE_MIN_HISTORY, rel_floor: float = SPIKE_REL_FLOOR,
+                  min_jump: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices of upward outliers and their robust z-scores (trailing median / MAD).
 
     Point i is compared with the previous ``window`` points (needs ``min_history``):
     ``z_i = (x_i − median) / max(1.4826·MAD, rel_floor·|median|, 1e-12)``. Non-finite points
     are neither flagged (see the non-finite check) nor used as history.
+
+    ``min_jump`` makes the test scale-aware, for positive quantities: the point must also be
+    at least ``min_jump`` × the trailing median, and a point whose history holds a value
+    <= 0 is never flagged (a series that reaches zero or changes sign has no level to
+    jump from; a tiny MAD then turns ordinary noise into huge z-scores).
     """
     idx, scores = [], []
     for i in range(len(values)):
@@ -222,6 +239,8 @@ def robust_spikes(values: np.ndarray, z: float = SPIKE_Z, window: int = SPIKE_WI
         if len(hist) < min_history:
             continue
         med = float(np.median(hist))
+        if min_jump is not None and (hist.min() <= 0 or x < min_jump * med):
+            continue
         mad = float(np.median(np.abs(hist - med)))
         scale = max(1.4826 * mad, rel_floor * abs(med), 1e-12)
         score = (x - med) / scale
@@ -261,8 +280,9 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
                                      GRAD_NORM_SMALL))
             causes.append("grad")
     if "lr" in causes:
-        action = (f"raise the learning rate (the seed's lr 1e-6 left KL at ≈ 2e-4; "
-                  f"lr {_sci(LR_SUGGESTED)} moved the policy)")
+        action = (f"raise the learning rate (recipe key lr), e.g. to {_sci(LR_SUGGESTED)}: a GRPO "
+                  f"run at lr 1e-6 kept KL ≈ 2e-4 and did not learn, one at {_sci(LR_SUGGESTED)} "
+                  "moved the policy")
     elif "grad" in causes:
         action = ("the gradient is tiny: advantages are near zero — check uniform groups "
                   "(curate for mixed solve rate with `rltt curate`) and the reward functions")
@@ -326,9 +346,10 @@ def check_uniform_groups(run: RunData) -> Diagnosis | None:
     return Diagnosis(
         "uniform_groups", severity, "Most groups have uniform rewards (zero advantage)",
         tuple(evidence),
-        "curate the prompts for a mixed solve rate (`rltt curate`, band 0.1 ≤ s ≤ 0.9; the "
-        "seed gained +12 GSM8K points at s ≈ 0.30 and nothing at s ≈ 0.77), or enable dynamic "
-        "sampling to drop uniform groups",
+        "curate the prompts for a mixed solve rate (`rltt curate`, band 0.1 ≤ s ≤ 0.9): RL "
+        "learns from prompts the policy solves sometimes but not always, and prompts solved "
+        "far more often than not teach little; or enable dynamic sampling "
+        "(dynamic_sampling: true) to drop uniform groups and refill the batch",
         detail=detail)
 
 
@@ -363,8 +384,9 @@ def check_exit_collapse(run: RunData) -> Diagnosis | None:
     return Diagnosis(
         "exit_gate_collapse", Severity.CRITICAL, "Exit gate collapsed onto loop 1",
         tuple(evidence),
-        "use a linear LR warmup and a larger exit-entropy coefficient β ≥ 0.10 (SPEC §4 "
-        "default 0.15); the LM loss does not show the collapse, the exit distribution does",
+        "use a linear LR warmup (warmup_steps) and a larger exit-entropy coefficient "
+        "β ≥ 0.10 (recipe key beta; the pretraining default is 0.15, docs/design.md §5.1); "
+        "the LM loss does not show the collapse, the exit distribution does",
         detail=detail)
 
 
@@ -394,23 +416,30 @@ def check_grad_vanishing(run: RunData) -> Diagnosis | None:
 
 
 def check_spikes(run: RunData) -> Diagnosis | None:
-    """Upward outliers of the loss or the grad norm (robust z-score over a trailing window)."""
+    """Upward outliers of the LM loss, the grad norm or the largest importance ratio: a robust
+    z-score over a trailing window *and* a jump relative to the series' level. Signed RL
+    losses are not checked (see :data:`SPIKE_MIN_JUMP`)."""
     evidence = []
-    for key in SPIKE_KEYS:
+    for key, jump in SPIKE_MIN_JUMP.items():
         steps, values = run.series(key)
         if len(values) < SPIKE_MIN_HISTORY + 1:
             continue
-        idx, scores = robust_spikes(values)
+        idx, scores = robust_spikes(values, min_jump=jump)
         if len(idx):
-            evidence.append(Evidence(key, _span(steps), "max robust z", float(scores.max()), ">",
-                                     SPIKE_Z, points=tuple(int(s) for s in steps[idx])))
+            evidence.append(Evidence(key, _span(steps), f"max robust z (points also ≥ {jump:g}× "
+                                     "the trailing median)", float(scores.max()), ">", SPIKE_Z,
+                                     points=tuple(int(s) for s in steps[idx])))
     if not evidence:
         return None
     return Diagnosis(
-        "spikes", Severity.WARNING, "Loss or gradient-norm spikes", tuple(evidence),
-        "inspect the batches at the flagged steps; lower the learning rate or tighten gradient "
-        "clipping; in RL check policy/ratio_max and reward outliers at those steps",
-        detail="Points far above the median of the preceding steps.")
+        "spikes", Severity.WARNING, "Loss, gradient-norm or importance-ratio spikes",
+        tuple(evidence),
+        "inspect the batches at the flagged steps (rewards, completion lengths); lower the "
+        "learning rate or tighten gradient clipping (recipe key grad_clip); in RL a ratio spike "
+        "with several updates per batch (ppo_epochs > 1) calls for fewer updates or tighter "
+        "clipping (eps_low / eps_high)",
+        detail="Points far above the median of the preceding steps, both in robust z-score "
+               "and relative to that median.")
 
 
 def check_non_finite(run: RunData) -> Diagnosis | None:
@@ -432,7 +461,8 @@ def check_non_finite(run: RunData) -> Diagnosis | None:
 
 
 def check_mismatch(run: RunData) -> Diagnosis | None:
-    """The sampler's and the learner's log-probs of the same tokens disagree (SPEC §2.4)."""
+    """The sampler's and the learner's log-probs of the same tokens disagree (docs/design.md
+    §3.4)."""
     evidence = []
     worst_fraction = 0.0
     for key, limit in ((schema.MISMATCH_MAX_ABS, MISMATCH_MAX_ABS_MAX),

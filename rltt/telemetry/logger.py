@@ -30,6 +30,10 @@ from rltt.telemetry import schema
 
 METRICS_FILE = "metrics.jsonl"
 
+#: Environment variable that turns strict mode on for every :class:`MetricsLogger` built
+#: without an explicit ``strict``: ``RLTT_STRICT_METRICS=1`` (the test suite sets it).
+STRICT_ENV = "RLTT_STRICT_METRICS"
+
 #: p_1 at or above which a token counts as collapsed onto loop 1 (``exit/collapse``).
 COLLAPSE_TOKEN_P1 = 0.9
 
@@ -168,8 +172,10 @@ class MetricsLogger:
     as is (a partial last line left by a crash is removed first, so it cannot corrupt the
     next record).
 
-    ``strict``: raise on keys the vocabulary (:mod:`rltt.telemetry.schema`) does not
-    document — for tests of the training loops.
+    ``strict``: raise ValueError on keys the vocabulary (:mod:`rltt.telemetry.schema`) does
+    not document. None (the default) reads the environment: strict when
+    ``RLTT_STRICT_METRICS`` is ``1``/``true``/``yes`` (:func:`strict_from_env`). The test
+    suite sets it for the whole session, so every training loop a test runs checks its keys.
 
     Each :meth:`log` writes and flushes one line, so ``rltt review`` can read a live run.
     """
@@ -184,12 +190,12 @@ class MetricsLogger:
         wandb_project: str = "rltt",
         wandb_name: str | None = None,
         config: Mapping[str, Any] | None = None,
-        strict: bool = False,
+        strict: bool | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self.strict = strict
+        self.strict = strict_from_env() if strict is None else bool(strict)
         if resume_step is not None and self.path.exists():
             truncate_metrics(self.path, resume_step)
         elif self.path.exists():
@@ -216,7 +222,8 @@ class MetricsLogger:
         if self.strict:
             unknown = schema.unknown_keys(flat)
             if unknown:
-                raise ValueError(f"metric keys not in rltt.telemetry.schema: {unknown}")
+                raise ValueError(f"metric keys not in rltt.telemetry.schema: {unknown} "
+                                 f"(register them in rltt.telemetry.schema.METRICS)")
         record: dict[str, Any] = {schema.STEP: int(step), schema.WALL_TIME: round(time.time(), 3)}
         for key, value in flat.items():
             try:
@@ -254,6 +261,11 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def strict_from_env() -> bool:
+    """Whether ``RLTT_STRICT_METRICS`` asks for strict metric keys (1 / true / yes / on)."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _drop_partial_tail(path: Path) -> None:
@@ -441,7 +453,7 @@ def entropy_stats(entropy: torch.Tensor, mask: torch.Tensor | None = None) -> di
 def mismatch_stats(
     logp_learner: torch.Tensor, logp_sampler: torch.Tensor, mask: torch.Tensor | None = None
 ) -> dict[str, float]:
-    """Sampler–learner log-prob mismatch over completion tokens (SPEC §2.4).
+    """Sampler–learner log-prob mismatch over completion tokens (docs/design.md §3.4).
 
     ``mismatch/max_abs`` and ``mismatch/mean_abs`` of ``d = logp_learner - logp_sampler``,
     and ``mismatch/k3`` = mean(exp(d) - 1 - d), the k3 estimate of KL(sampler || learner)

@@ -4,6 +4,13 @@ global backend switch), so it works headless and inside a training process.
 Every plot takes a list of runs: the first is the run under review (solid lines), the others
 are ``--compare`` runs (dashed lines, or a panel of their own for the stacked/heatmap plots).
 A plot whose metrics no run logged is skipped.
+
+Line plots draw each series twice: the raw points as a faint line and, over it, a smoothed
+curve — a centred rolling mean (:func:`smooth`) over :data:`SMOOTH_FRACTION` of the points
+(an odd window of at least 3; near the ends the window shrinks to the points available, so the
+curve neither lags nor is padded). On a log axis the mean is taken of the logarithms (a
+geometric mean). Series with fewer than :data:`SMOOTH_MIN_POINTS` points (held-out evaluations,
+a run that just started) are drawn raw, with markers.
 """
 
 from __future__ import annotations
@@ -25,6 +32,37 @@ LINESTYLES = ("-", "--", ":", "-.")
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
           "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
 DPI = 90
+
+#: Share of a series' points the smoothing window spans.
+SMOOTH_FRACTION = 0.05
+#: Series shorter than this are drawn raw (no smoothed curve).
+SMOOTH_MIN_POINTS = 10
+#: Opacity of the raw line under a smoothed curve.
+RAW_ALPHA = 0.25
+
+
+def smoothing_window(n: int) -> int:
+    """The rolling-mean window for a series of ``n`` points: odd, >= 3, ~SMOOTH_FRACTION·n."""
+    w = max(3, int(round(n * SMOOTH_FRACTION)))
+    return w if w % 2 else w + 1
+
+
+def smooth(values: np.ndarray, window: int | None = None, log: bool = False) -> np.ndarray:
+    """Centred rolling mean of ``values`` over ``window`` points (default
+    :func:`smoothing_window`); the window is truncated at both ends. ``log``: average the
+    logarithms (for positive series on a log axis). A window <= 1 returns a copy."""
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
+    window = smoothing_window(n) if window is None else int(window)
+    if window <= 1 or n == 0:
+        return v.copy()
+    x = np.log(v) if log else v
+    half = window // 2
+    cum = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(n)
+    lo, hi = np.maximum(idx - half, 0), np.minimum(idx + half + 1, n)
+    out = (cum[hi] - cum[lo]) / (hi - lo)
+    return np.exp(out) if log else out
 
 
 @dataclass(frozen=True)
@@ -48,7 +86,9 @@ def _lines(ax, runs: Sequence[RunData], keys: Sequence[str], logy: bool = False,
     """Plot each key of each run; True when anything was drawn.
 
     Colour = key, line style = run; the legend (outside, right) names each key once and,
-    when comparing, each run's line style.
+    when comparing, each run's line style. A series of at least SMOOTH_MIN_POINTS points is
+    drawn raw and faint, then smoothed (:func:`smooth`) on top; the smoothed line carries the
+    label (its ``gid`` is ``"smooth:<key>"``, the raw one's ``"raw:<key>"``).
     """
     palette = colors or COLORS
     labelled: set[str] = set()
@@ -61,9 +101,15 @@ def _lines(ax, runs: Sequence[RunData], keys: Sequence[str], logy: bool = False,
                 steps, values = steps[keep], values[keep]
             if not len(values):
                 continue
-            ax.plot(steps, values, LINESTYLES[r % len(LINESTYLES)], color=palette[k % len(palette)],
-                    lw=1.3, marker="." if len(values) < 30 else None,
-                    label=None if key in labelled else key)
+            style, color = LINESTYLES[r % len(LINESTYLES)], palette[k % len(palette)]
+            label = None if key in labelled else key
+            if len(values) >= SMOOTH_MIN_POINTS:
+                ax.plot(steps, values, style, color=color, lw=0.8, alpha=RAW_ALPHA, gid=f"raw:{key}")
+                ax.plot(steps, smooth(values, log=logy), style, color=color, lw=1.5, label=label,
+                        gid=f"smooth:{key}")
+            else:
+                ax.plot(steps, values, style, color=color, lw=1.3, marker=".", label=label,
+                        gid=f"raw:{key}")
             labelled.add(key)
             if r not in drawn_runs:
                 drawn_runs.append(r)
@@ -120,11 +166,11 @@ def plot_reward(runs: Sequence[RunData]) -> Figure | None:
             a.fill_between(common, mean[i1] - std[i2], mean[i1] + std[i2], alpha=0.15,
                            color=COLORS[0], label="± std")
         a.set_title("reward", fontsize=9)
-    drawn_b = _lines(b, runs, [schema.SOLVE_RATE, schema.GROUPS_UNIFORM_FRAC])
+    drawn_b = _lines(b, runs, [schema.SOLVE_RATE, schema.EVAL_SOLVE_RATE, schema.GROUPS_UNIFORM_FRAC])
     if drawn_b:
         b.set_ylim(-0.02, 1.02)
         _threshold(b, dx.UNIFORM_GROUPS_WARN, "uniform-groups warning")
-        b.set_title("solve rate / uniform groups", fontsize=9)
+        b.set_title("solve rate (training batch, held-out) / uniform groups", fontsize=9)
     return _finish(fig, np.array([a, b]), [drawn_a, drawn_b], "Reward and solve rate")
 
 

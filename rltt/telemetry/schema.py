@@ -12,13 +12,20 @@ Conventions
   placeholder 0 (the review treats absent and measured-zero differently).
 - Token-level quantities are means over completion tokens (prompt and padding masked out)
   unless the table says otherwise.
-- Loop indices ``t`` are 1-based (``t = 1..T``, as in SPEC §1); layer indices ``i`` are
-  0-based, matching the parameter names ``model.layers.<i>.*``.
+- Loop indices ``t`` are 1-based (``t = 1..T``, as in docs/design.md §1); layer indices ``i``
+  are 0-based, matching the parameter names ``model.layers.<i>.*``.
+- ``eval/...`` keys are measured on held-out data at the steps the loop evaluates (an RL run
+  also logs them at step 0, before the first update).
 - Log-probs and KLs are in nats; times in seconds; memory in GiB (2**30 bytes).
 
 Keys with a placeholder (``reward/{fn}``, ``exit/p_{t}``, ...) are templates; build them with
 the helper functions (:func:`reward_key`, :func:`exit_p_key`, ...) and recognise them with
 :func:`lookup` / :func:`indexed`.
+
+Strict mode: :class:`rltt.telemetry.logger.MetricsLogger` rejects a key this module does not
+document when constructed with ``strict=True``, or when the environment variable
+``RLTT_STRICT_METRICS=1`` is set (the test suite sets it, so every loop test checks that
+what it logs is registered here). A loop that logs a new key adds it to :data:`METRICS`.
 """
 
 from __future__ import annotations
@@ -71,6 +78,25 @@ LR = "lr"
 
 LM_LOSS = "lm/loss"
 
+# rollout (engine) statistics of the RL loop
+ROLLOUT_EXIT_STEP_MEAN = "rollout/exit_step_mean"
+ROLLOUT_PASSES_PER_TOKEN = "rollout/passes_per_token"
+ROLLOUT_SEQUENCES = "rollout/sequences"
+ROLLOUT_REFILLS = "rollout/refills"
+
+# held-out evaluation: RL loop and LM stages
+EVAL_SOLVE_RATE = "eval/solve_rate"
+EVAL_REWARD_MEAN = "eval/reward_mean"
+EVAL_EXIT_STEP_MEAN = "eval/exit_step_mean"
+EVAL_LM_LOSS = "eval/lm_loss"
+EVAL_COMPLETION_LENGTH = "eval/completion_length"
+EVAL_EXIT_MEAN_STEP = "eval/exit/mean_step"
+EVAL_EXIT_COLLAPSE = "eval/exit/collapse"
+EVAL_EXIT_ENTROPY = "eval/exit/entropy"
+
+#: Prefix of the held-out evaluation keys.
+EVAL_PREFIX = "eval/"
+
 # --------------------------------------------------------------------------- templates
 
 REWARD_FN = "reward/{fn}"
@@ -79,10 +105,8 @@ GRAD_NORM_LAYER = "grad_norm/layer/{i}"
 ENTROPY_LOOP = "entropy/loop_{t}"
 EXIT_P = "exit/p_{t}"
 LM_LOSS_STEP = "lm/loss_step_{t}"
-
-#: Module groups of the looped model that :func:`rltt.telemetry.logger.grad_norms` reports
-#: by default (``grad_norm/group/<name>``).
-GRAD_GROUPS = ("embed", "block", "injection", "gate", "norm", "lm_head")
+EVAL_LM_LOSS_STEP = "eval/lm_loss_step_{t}"
+EVAL_EXIT_P = "eval/exit/p_{t}"
 
 
 def reward_key(fn: str) -> str:
@@ -115,6 +139,15 @@ def exit_p_key(t: int) -> str:
 def lm_loss_step_key(t: int) -> str:
     """``lm/loss_step_<t>``: LM cross-entropy L_t of the step-t distribution (t 1-based)."""
     return LM_LOSS_STEP.format(t=_loop(t))
+
+
+def eval_key(key: str) -> str:
+    """``eval/<key>``: a training key measured on held-out data (``eval/exit/p_2``,
+    ``eval/lm_loss_step_1``). Raises ValueError when the result is not in the vocabulary."""
+    full = key if key.startswith(EVAL_PREFIX) else EVAL_PREFIX + key
+    if lookup(full) is None:
+        raise ValueError(f"{full!r} is not a documented held-out metric (rltt.telemetry.schema)")
+    return full
 
 
 def _loop(t: int) -> int:
@@ -158,7 +191,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(REWARD_STD, "std of the total reward over the step's completions", "reward"),
     MetricSpec(REWARD_FN, "mean reward of one reward function (unweighted)", "reward"),
     MetricSpec(REWARD_ERRORS, "completions whose reward function raised (scored 0)", "count"),
-    MetricSpec(SOLVE_RATE, "fraction of completions judged correct", "fraction"),
+    MetricSpec(SOLVE_RATE,
+               "fraction of the step's completions judged correct by the first reward function "
+               "(LM stages: of the held-out samples, logged with eval/solve_rate)", "fraction",
+               "all"),
     MetricSpec(GROUPS_UNIFORM_FRAC,
                "fraction of groups whose G rewards are all equal (zero advantage)", "fraction"),
     # policy update
@@ -215,6 +251,38 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(LM_LOSS, "expected LM loss sum_t p_t L_t (without the -beta*H(p) term)",
                "nats/token", "lm"),
     MetricSpec(LM_LOSS_STEP, "LM cross-entropy L_t of loop t (1-based)", "nats/token", "lm"),
+    # rollout engine (RL)
+    MetricSpec(ROLLOUT_EXIT_STEP_MEAN,
+               "mean recorded exit step t* of the sampled completion tokens (the exit policy's "
+               "choice, not the gate's expectation exit/mean_step)", "loops"),
+    MetricSpec(ROLLOUT_PASSES_PER_TOKEN,
+               "serial block passes per generated token (T for the dense schedule; about the "
+               "mean exit step for the deferred one); 0 when the engine does not count them",
+               "passes/token"),
+    MetricSpec(ROLLOUT_SEQUENCES, "completions sampled in the step's first rollout, all ranks",
+               "count"),
+    MetricSpec(ROLLOUT_REFILLS,
+               "extra rollout rounds dynamic sampling drew to replace uniform groups", "count"),
+    # held-out evaluation
+    MetricSpec(EVAL_SOLVE_RATE,
+               "held-out solve rate: fraction of sampled completions judged correct", "fraction",
+               "all"),
+    MetricSpec(EVAL_REWARD_MEAN, "mean total reward of the held-out completions", "reward"),
+    MetricSpec(EVAL_EXIT_STEP_MEAN,
+               "mean recorded exit step t* over the held-out completion tokens", "loops"),
+    MetricSpec(EVAL_LM_LOSS, "held-out expected LM loss sum_t p_t L_t", "nats/token", "lm"),
+    MetricSpec(EVAL_LM_LOSS_STEP, "held-out LM cross-entropy L_t of loop t (1-based)",
+               "nats/token", "lm"),
+    MetricSpec(EVAL_COMPLETION_LENGTH, "mean length of the held-out completions", "tokens", "lm"),
+    MetricSpec(EVAL_EXIT_P, "held-out mean exit probability p_t of loop t (1-based)",
+               "probability", "lm"),
+    MetricSpec(EVAL_EXIT_MEAN_STEP, "held-out mean expected exit step sum_t t*p_t", "loops",
+               "lm"),
+    MetricSpec(EVAL_EXIT_COLLAPSE,
+               "held-out fraction of tokens whose exit mass on loop 1 is >= 0.9", "fraction",
+               "lm"),
+    MetricSpec(EVAL_EXIT_ENTROPY, "held-out mean entropy H(p) of the exit distribution",
+               "nats/token", "lm"),
 )
 
 _RESERVED_REWARD_NAMES = {"mean", "std", "errors"}
@@ -246,7 +314,8 @@ def indexed(keys: Iterable[str], template: str) -> dict[int, str]:
     """Keys that instantiate an integer template, by index: ``{1: "exit/p_1", 2: ...}``.
 
     ``template`` is one of :data:`EXIT_P`, :data:`ENTROPY_LOOP`, :data:`GRAD_NORM_LAYER`,
-    :data:`LM_LOSS_STEP`. The result is sorted by index.
+    :data:`LM_LOSS_STEP`, :data:`EVAL_EXIT_P`, :data:`EVAL_LM_LOSS_STEP`. The result is sorted
+    by index.
     """
     pattern = _template_regex(template)
     found = {}

@@ -1,10 +1,12 @@
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.telemetry.telemetry_synth import healthy_records, mutate
+from tests.telemetry.telemetry_synth import healthy_records, lm_records, mutate, quickstart_records
 
 from rltt.telemetry import diagnoses as dx
+from rltt.telemetry import schema
 from rltt.telemetry.series import RunData
 
 
@@ -102,15 +104,63 @@ def test_gradient_vanishing_across_layers():
     assert "pre-norm" in d.action
 
 
-def test_loss_and_grad_norm_spikes():
+def test_grad_norm_and_ratio_spikes_fire_in_rl():
     records = healthy_records()
     records[40]["grad_norm/total"] = 25.0
-    records[50]["loss/total"] = 3.0
+    records[50]["policy/ratio_max"] = 40.0
     d = only(records, "spikes")
     by_metric = {e.metric: e for e in d.evidence}
+    assert set(by_metric) == {"grad_norm/total", "policy/ratio_max"}
     assert by_metric["grad_norm/total"].points == (41,)
-    assert by_metric["loss/total"].points == (51,)
+    assert by_metric["policy/ratio_max"].points == (51,)
     assert by_metric["grad_norm/total"].observed > dx.SPIKE_Z
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_quickstart_run_is_healthy_although_its_policy_loss_jumps(seed):
+    """The signed policy loss (noise around 0, occasional 10-20x jumps) is not a spike signal."""
+    records = quickstart_records(seed=seed)
+    run = RunData.from_records(records)
+    assert dx.diagnose(run) == []
+    # the loss does jump by a huge robust z: the former loss test cried wolf here
+    _, loss = run.series("loss/total")
+    assert len(dx.robust_spikes(loss)[0]) > 0
+    assert dx.robust_spikes(loss)[1].max() > 2 * dx.SPIKE_Z
+
+
+def test_rl_loss_spike_alone_is_not_reported():
+    records = healthy_records()
+    records[50]["loss/total"] = records[50]["loss/policy"] = 3.0
+    assert "spikes" not in ids(records)
+
+
+def test_pretrain_lm_loss_spike_fires_and_a_healthy_pretrain_is_quiet():
+    assert dx.diagnose(RunData.from_records(lm_records())) == []
+    records = lm_records()
+    records[90]["lm/loss"] *= 1.6
+    records[90]["loss/total"] *= 1.6
+    d = only(records, "spikes")
+    assert [(e.metric, e.points) for e in d.evidence] == [("lm/loss", (91,))]
+
+
+def test_a_grad_norm_spike_fires_in_the_quickstart_run():
+    records = quickstart_records(seed=3)
+    records[120]["grad_norm/total"] = records[119]["grad_norm/total"] * 20
+    d = only(records, "spikes")
+    assert [(e.metric, e.points) for e in d.evidence] == [("grad_norm/total", (120,))]
+
+
+def test_spikes_are_scale_aware():
+    rng = np.random.default_rng(0)
+    tight = 1.0 + rng.normal(0, 1e-3, 40)
+    tight[30] = 1.2  # robust z ≈ 10 (the scale floor is 2 % of the level), but only +20 %
+    assert len(dx.robust_spikes(tight)[0]) == 1
+    assert len(dx.robust_spikes(tight, min_jump=2.0)[0]) == 0
+    tight[30] = 2.5
+    assert dx.robust_spikes(tight, min_jump=2.0)[0].tolist() == [30]
+    signed = rng.normal(0, 1e-2, 40)
+    signed[30] = 5.0  # a history that crosses zero has no level to jump from
+    assert len(dx.robust_spikes(signed, min_jump=2.0)[0]) == 0
 
 
 def test_spikes_ignore_a_smooth_trend_and_noise():
@@ -216,3 +266,16 @@ def test_policy_drift_with_a_falling_reward_is_critical():
 def test_moderate_kl_is_not_drift():
     records = mutate(healthy_records(), 0, kl__ref=0.2)
     assert "policy_drift" not in ids(records)
+
+
+def test_a_real_logged_quickstart_run_is_healthy():
+    """`rltt train recipes/quickstart.yaml train.steps=80 train.eval_every=0` (CPU, fp32), logged
+    with strict keys: its policy loss jumps by a robust z of ~17, which the former loss-spike
+    test reported as a warning on this healthy run."""
+    run = RunData.load(Path(__file__).parent / "data" / "quickstart_80_steps.jsonl")
+    assert len(run) == 80
+    assert dx.diagnose(run) == []
+    _, loss = run.series("loss/total")
+    assert dx.robust_spikes(loss)[1].max() > 2 * dx.SPIKE_Z
+    assert dx.unchecked(run) == []  # every check could look at it
+    assert {k for r in run.records for k in r if schema.lookup(k) is None} == set()

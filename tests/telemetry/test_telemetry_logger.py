@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -8,10 +9,12 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.telemetry.logger import (
+    STRICT_ENV,
     MetricsLogger,
     Timer,
     read_metrics,
     scan_metrics,
+    strict_from_env,
     truncate_metrics,
 )
 
@@ -51,6 +54,27 @@ def test_strict_mode_rejects_undocumented_keys(tmp_path):
         logger.log(1, {"exit/p_1": 0.5, "grad_norm/layer/3": 1.0, "reward/format": 1.0})
         with pytest.raises(ValueError, match="kl/reff"):
             logger.log(2, {"kl/reff": 0.1})
+
+
+def test_strict_mode_comes_from_the_environment(tmp_path, monkeypatch):
+    # the test session runs strict (tests/conftest.py), so every loop test checks its keys
+    assert os.environ.get(STRICT_ENV) == "1"
+    with MetricsLogger(tmp_path / "a") as logger:
+        assert logger.strict
+        with pytest.raises(ValueError, match="not in rltt.telemetry.schema.*kl/reff"):
+            logger.log(1, {"reward/mean": 0.5, "kl/reff": 0.1})
+        logger.log(1, {"eval/solve_rate": 0.5, "rollout/refills": 2, "eval/exit/p_2": 0.3})
+    monkeypatch.setenv(STRICT_ENV, "0")
+    with MetricsLogger(tmp_path / "b") as logger:
+        assert not logger.strict
+        logger.log(1, {"kl/reff": 0.1})
+    with MetricsLogger(tmp_path / "c", strict=True) as logger:  # explicit beats the environment
+        with pytest.raises(ValueError):
+            logger.log(1, {"kl/reff": 0.1})
+    monkeypatch.setenv(STRICT_ENV, "yes")
+    assert strict_from_env()
+    monkeypatch.delenv(STRICT_ENV)
+    assert not strict_from_env()
 
 
 def test_append_continues_the_file(tmp_path):
@@ -108,7 +132,7 @@ def test_truncate_metrics_returns_removed_count(tmp_path):
 
 def test_tensorboard_writes_events(tmp_path):
     pytest.importorskip("tensorboard")
-    with MetricsLogger(tmp_path, tensorboard=True) as logger:
+    with MetricsLogger(tmp_path, tensorboard=True, strict=False) as logger:
         logger.log(1, {"reward/mean": 0.5, "note": "text is skipped"})
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 

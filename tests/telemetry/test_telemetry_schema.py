@@ -1,8 +1,15 @@
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
-from rltt.telemetry import schema
+from rltt.telemetry import MetricsLogger, schema
+from tests.telemetry.telemetry_synth import healthy_records, lm_records, quickstart_records
 
-#: The keys the training loops are expected to log (SPEC §6 and the LM stage).
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The keys the training loops are expected to log (RL loop, LM stages, held-out evaluation).
 EXPECTED = [
     "step", "reward/mean", "reward/std", "reward/gsm8k_strict", "reward/errors", "solve_rate",
     "groups/uniform_frac", "kl/ref", "loss/policy", "loss/total", "policy/clip_frac",
@@ -14,6 +21,10 @@ EXPECTED = [
     "length/mean", "length/max", "length/trunc_frac", "time/rollout", "time/learner",
     "time/weight_sync", "time/step", "throughput/tokens_per_s", "memory/peak_gb", "lr",
     "lm/loss", "lm/loss_step_1", "lm/loss_step_3",
+    "rollout/exit_step_mean", "rollout/passes_per_token", "rollout/sequences", "rollout/refills",
+    "eval/solve_rate", "eval/reward_mean", "eval/exit_step_mean",
+    "eval/lm_loss", "eval/lm_loss_step_1", "eval/completion_length", "eval/exit/p_1",
+    "eval/exit/p_4", "eval/exit/mean_step", "eval/exit/collapse", "eval/exit/entropy",
 ]
 
 
@@ -61,3 +72,46 @@ def test_markdown_table_and_unknown_keys():
     lm_table = schema.markdown_table("lm")
     assert "`lm/loss`" in lm_table and "`kl/ref`" not in lm_table
     assert schema.unknown_keys({"kl/ref": 1, "kl/refs": 2}) == ["kl/refs"]
+
+
+def test_constants_name_the_registered_keys():
+    assert schema.EVAL_SOLVE_RATE == "eval/solve_rate"
+    assert schema.ROLLOUT_REFILLS == "rollout/refills"
+    assert schema.lookup("eval/exit/p_3").key == schema.EVAL_EXIT_P
+    assert schema.lookup("eval/lm_loss_step_2").key == schema.EVAL_LM_LOSS_STEP
+    assert list(schema.indexed(["eval/exit/p_1", "exit/p_2"], schema.EXIT_P)) == [2]
+    assert list(schema.indexed(["eval/exit/p_1", "exit/p_2"], schema.EVAL_EXIT_P)) == [1]
+    assert schema.eval_key(schema.exit_p_key(2)) == "eval/exit/p_2"
+    assert schema.eval_key(schema.EXIT_MEAN_STEP) == schema.EVAL_EXIT_MEAN_STEP
+    assert schema.eval_key("eval/lm_loss") == schema.EVAL_LM_LOSS
+    with pytest.raises(ValueError, match="eval/kl/ref"):
+        schema.eval_key(schema.KL_REF)  # not measured on held-out data
+
+
+def _metric_literals():
+    """Plain string literals in the package (outside telemetry) that look like metric keys."""
+    groups = "|".join(sorted({spec.group for spec in schema.METRICS if "/" in spec.key}))
+    pattern = re.compile(rf"^({groups})/[A-Za-z0-9_./]+$")
+    for path in sorted((ROOT / "rltt").rglob("*.py")):
+        if "telemetry" in path.relative_to(ROOT).parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_fstring = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                      for v in node.values}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in in_fstring and pattern.match(node.value)):
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", node.value
+
+
+def test_every_key_literal_in_the_loops_is_registered():
+    found = list(_metric_literals())
+    assert any(key == "rollout/refills" for _, key in found)  # the scan sees the RL loop
+    assert [(where, key) for where, key in found if schema.lookup(key) is None] == []
+
+
+@pytest.mark.parametrize("make", [healthy_records, quickstart_records, lm_records])
+def test_synthetic_runs_log_only_registered_keys(make, tmp_path):
+    with MetricsLogger(tmp_path, strict=True) as logger:
+        for record in make():
+            logger.log(record["step"], {k: v for k, v in record.items() if k != "step"})
