@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
+from rltt.learner import AlgorithmConfig, Learner, LearnerAPI, LearnerConfig
 from rltt.rollout import NativeEngine
 
 from .helpers import synthetic_batch, tiny_policy
@@ -30,6 +30,7 @@ def _state(learner: Learner) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_learner_interface(backend, tmp_path):
     learner = _learner(backend)
+    assert isinstance(learner, LearnerAPI)
     assert learner.version == 0 and learner.rollout_state_dict()[0] == 0
     start = _state(learner)
     metrics = learner.update(synthetic_batch(seed=1))
