@@ -1,19 +1,20 @@
 """Rollout engines behind one interface (SPEC §2, §7).
 
 - `RolloutEngine`: ``generate(prompts, SamplingParams) -> RolloutBatch``,
-  ``load_weights(state_dict)``, ``sync_weights(model)``.
+  ``load_weights(version, tensors)`` and ``weights_version``.
 - `NativeEngine`: batched PyTorch generation with a per-(step, layer) KV cache, all exit
   policies, ``dense`` and ``deferred`` schedules and depth-mixed batching.
 - `replay_logprobs`: bitwise re-execution of a rollout's recorded passes.
 """
 
 from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
-from rltt.rollout.engine import RolloutEngine
+from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.native import NativeEngine
 from rltt.rollout.params import SCHEDULES, SamplingParams
 from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
 
 __all__ = [
+    "EXTRA_WEIGHTS",
     "SCHEDULES",
     "NativeEngine",
     "PassRecord",
