@@ -8,6 +8,7 @@ from typing import Any
 
 from rltt.config import load_recipe, recipe_error
 from rltt.data.gsm8k import DEFAULT_TEMPLATE
+from rltt.data.prompts import PROMPT_FORMATS
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
 from rltt.rollout.params import SCHEDULES
 
@@ -42,6 +43,9 @@ class DataSection:
     eval_size: int = 128
     limit: int | None = None
     prompt_template: str = DEFAULT_TEMPLATE
+    prompt_format: str = "plain"  # plain (prompt_template) | chat (the tokenizer's chat template)
+    system_prompt: str | None = None  # chat: an optional system message
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: template options
     seed: int = 0
 
     def validate(self) -> None:
@@ -52,6 +56,11 @@ class DataSection:
             raise recipe_error("data.prompt_template", "must contain {question}")
         if self.eval_size < 1:
             raise recipe_error("data.eval_size", f"must be >= 1, got {self.eval_size}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise recipe_error("data.prompt_format", f"must be {' | '.join(PROMPT_FORMATS)}, got {self.prompt_format!r}")
+        if self.prompt_format == "plain" and (self.system_prompt or self.chat_template_kwargs):
+            key = "data.system_prompt" if self.system_prompt else "data.chat_template_kwargs"
+            raise recipe_error(key, "needs data.prompt_format: chat")
 
 
 def _is_hub_id(value: str) -> bool:
@@ -62,6 +71,30 @@ def _is_hub_id(value: str) -> bool:
 class RewardSpec:
     fn: str = "rewards/gsm8k.py:strict"
     weight: float = 1.0
+
+
+@dataclass
+class ThinkingSection:
+    """Thinking budget with a forced answer, for models that think in ``open … close``: a row that
+    reaches ``budget`` completion tokens (0 = off) with its thinking still open gets
+    ``interruption`` appended — forced, not sampled, never trained on — then samples up to
+    ``answer_budget`` more tokens. ``interruption`` should end the thinking (hold ``close``)."""
+
+    budget: int = 0
+    open: str = "<think>"
+    close: str = "</think>"
+    interruption: str = ("\n\nConsidering the limited time by the user, I have to give the solution based on "
+                         "the thinking directly now.\n</think>\n\n")
+    answer_budget: int = 128
+
+    def validate(self) -> None:
+        if self.budget < 0:
+            raise recipe_error("rollout.thinking.budget", f"must be >= 0 (0 = off), got {self.budget}")
+        if self.answer_budget < 1:
+            raise recipe_error("rollout.thinking.answer_budget", f"must be >= 1, got {self.answer_budget}")
+        for key in ("open", "close", "interruption"):
+            if not getattr(self, key):
+                raise recipe_error(f"rollout.thinking.{key}", "must be a non-empty string")
 
 
 @dataclass
@@ -78,8 +111,12 @@ class RolloutSection:
     exit_policy: str | None = None
     schedule: str = "deferred"
     stop_strings: list[str] = field(default_factory=list)
+    thinking: ThinkingSection = field(default_factory=ThinkingSection)
 
     def validate(self) -> None:
+        if self.thinking.budget > self.max_new_tokens:
+            raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
+                                                          f"got {self.thinking.budget}")
         if self.engine != "native":
             raise recipe_error("rollout.engine", f"only the native engine is available (the vLLM worker is not built "
                                                  f"yet), got {self.engine!r}")
