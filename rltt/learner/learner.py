@@ -101,7 +101,8 @@ class Learner:
     ``model`` is trained in place (the torch backend; cast to ``cfg.dtype``) or handed to
     DeepSpeed. ``rollout_dtype``: the dtype the engines run in (``rollout_state_dict`` casts to
     it; default: the model's dtype as given). The frozen reference (for ``kl_coef > 0`` or
-    ``track_kl``) is a copy of ``model`` as given, made here.
+    ``track_kl``) is a copy of ``model`` as given, made here: a resumed run builds its learner
+    from the same starting policy, then `load`s the checkpoint.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,

@@ -105,10 +105,6 @@ class Ranks:
         per = total // self.world
         return range(self.rank * per, (self.rank + 1) * per)
 
-    def share(self, items: Sequence) -> list:
-        """This rank's contiguous share of ``items`` (whose length the world size divides)."""
-        return [items[i] for i in self.span(len(items))]
-
     def segment_span(self, counts: Sequence[int]) -> range:
         """This rank's global indices when rank i takes ``counts[i]`` items, in rank order."""
         start = sum(counts[:self.rank])

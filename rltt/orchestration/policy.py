@@ -34,21 +34,16 @@ def resolve_model_path(path: str) -> Path:
                         f"({type(exc).__name__})") from None
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def load_policy(path: str | Path, dtype: str = "fp32", device: str = "auto", convert: dict | None = None):
     """(model, tokenizer) from a checkpoint directory (rltt, Ouro or a dense model to convert)."""
     from transformers import AutoTokenizer
 
     from rltt.model import load_looped
+    from rltt.stages.trainer import pick_device
 
     path = Path(path)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    model = load_looped(path, dtype=torch_dtype, **(convert or {})).to(resolve_device(device))
+    model = load_looped(path, dtype=torch_dtype, **(convert or {})).to(pick_device(device, "model.device"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:

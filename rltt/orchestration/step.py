@@ -19,7 +19,7 @@ import time
 import torch
 
 from rltt.data.rewards import RewardRunner
-from rltt.learner.batch import LearnerBatch
+from rltt.learner import LearnerAPI, LearnerBatch
 from rltt.orchestration.distributed import Ranks
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
 from rltt.orchestration.prompts import PromptStream, Task
@@ -99,7 +99,7 @@ class TrainingStep:
     inside are reached by all ranks in the same order); ``prompts`` is the global stream, which
     every rank draws from identically."""
 
-    def __init__(self, recipe: TrainRecipe, engine: RolloutEngine, learner, prompts: PromptStream,
+    def __init__(self, recipe: TrainRecipe, engine: RolloutEngine, learner: LearnerAPI, prompts: PromptStream,
                  runner: RewardRunner, decode, stop_token_ids: list[int], pad_id: int = 0, ranks: Ranks = Ranks(),
                  thinking: ThinkingBudget | None = None):
         self.recipe, self.engine, self.learner, self.prompts = recipe, engine, learner, prompts
