@@ -1,8 +1,9 @@
-"""Format reward: does the completion end its work with a GSM8K answer line?"""
+"""Format rewards: a GSM8K answer line (`format_reward`); closed thinking + one answer (`thinking_format`)."""
 
 from __future__ import annotations
 
 from rltt.data.gsm8k import has_final_answer_line
+from rltt.data.reasoning import well_formed
 
 
 def format_reward(completion: str, answer: str | None = None, **kw) -> float:
@@ -11,3 +12,10 @@ def format_reward(completion: str, answer: str | None = None, **kw) -> float:
     The answer's value is not checked (``answer`` is accepted for the common signature).
     """
     return 1.0 if has_final_answer_line(completion) else 0.0
+
+
+def thinking_format(completion: str, answer: str | None = None, **kw) -> float:
+    """1.0 if the completion closes its thinking once (``<think> … </think>``, the opening tag
+    optional: chat templates may write it) and then gives exactly one final answer
+    (``\\boxed{…}`` or ``#### …``), else 0.0."""
+    return 1.0 if well_formed(completion) else 0.0

@@ -1,4 +1,7 @@
-"""GSM8K rewards: the answer after ``####`` (strict) or the last number (flexible).
+"""GSM8K rewards: the final answer, ``#### N`` or ``\\boxed{N}`` (strict), or the last number (flexible).
+
+Both read the answer after a reasoning model's thinking (after the last ``</think>``; nothing
+when the thinking never closes), so numbers inside the thinking never count.
 
 ``answer`` is the reference: a GSM8K solution ending in ``#### N`` or a bare number.
 Numbers compare by value: ``"$1,200"`` equals ``"1200.00"``; ``"-3"`` is negative.
@@ -6,7 +9,8 @@ Numbers compare by value: ``"$1,200"`` equals ``"1200.00"``; ``"-3"`` is negativ
 
 from __future__ import annotations
 
-from rltt.data.gsm8k import extract_final_answer, extract_last_number, reference_answer, to_decimal
+from rltt.data.gsm8k import extract_last_number, reference_answer, to_decimal
+from rltt.data.reasoning import answer_part, final_answer
 
 
 def _matches(predicted: str | None, answer: str) -> float:
@@ -17,10 +21,10 @@ def _matches(predicted: str | None, answer: str) -> float:
 
 
 def strict(completion: str, answer: str, **kw) -> float:
-    """1.0 if the number after the completion's last ``####`` equals the reference, else 0.0."""
-    return _matches(extract_final_answer(completion), answer)
+    """1.0 if the completion's final answer (its last ``####`` or ``\\boxed{}``) equals the reference."""
+    return _matches(final_answer(answer_part(completion)), answer)
 
 
 def flexible(completion: str, answer: str, **kw) -> float:
     """1.0 if the last number anywhere in the completion equals the reference, else 0.0."""
-    return _matches(extract_last_number(completion), answer)
+    return _matches(extract_last_number(answer_part(completion)), answer)

@@ -2,12 +2,14 @@
 
 Both sides go through ``math_verify.parse`` (LaTeX such as ``\\boxed{\\frac{1}{2}}`` or plain
 expressions) and ``math_verify.verify`` decides equivalence. A GSM8K reference solution is
-reduced to its ``#### N`` number first.
+reduced to its ``#### N`` number first. Only the answer after a reasoning model's thinking
+(after the last ``</think>``) is parsed; ``#### N`` there counts as ``N``.
 """
 
 from __future__ import annotations
 
 from rltt.data.gsm8k import extract_final_answer
+from rltt.data.reasoning import answer_part
 from rltt.errors import RlttError
 
 
@@ -26,7 +28,9 @@ def math_verify(completion: str, answer: str, **kw) -> float:
     gold = mv.parse(reference)
     if not gold:
         gold = mv.parse(f"${reference}$")
-    predicted = mv.parse(completion)
+    text = answer_part(completion)
+    hashed = extract_final_answer(text) if "\\boxed" not in text else None
+    predicted = mv.parse(f"${hashed}$" if hashed is not None else text)
     if not gold or not predicted:
         return 0.0
     return 1.0 if mv.verify(gold, predicted) else 0.0

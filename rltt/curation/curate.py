@@ -111,12 +111,13 @@ class CurationJob:
     def settings_digest(self) -> str:
         s = self.sampling
         settings = {
-            "samples": self.samples, "seed": self.seed, "template": self.template,
+            "samples": self.samples, "seed": self.seed, "template": str(self.template),
             "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
                          "max_new_tokens": s.max_new_tokens, "stop_token_ids": sorted(s.stop_token_ids),
                          "stop_strings": list(s.stop_strings), "ignore_eos": s.ignore_eos,
                          "exit_policy": None if s.exit_policy is None else str(s.exit_policy),
-                         "schedule": s.schedule},
+                         "schedule": s.schedule,
+                         **({"thinking": vars(s.thinking)} if s.thinking is not None else {})},
             **self.fingerprint,
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from rltt.curation.curate import CurationJob, CurationResult, check_existing_output, run_curation
 from rltt.curation.histogram import Band
+from rltt.data.prompts import recipe_prompt_renderer
+from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
@@ -52,7 +54,8 @@ class RecipePolicy:
                               max_new_tokens=ro.max_new_tokens, stop_token_ids=stop_ids(self.tokenizer),
                               stop_strings=list(ro.stop_strings),
                               decoder=self.tokenizer.decode if ro.stop_strings else None,
-                              exit_policy=ro.exit_policy, schedule=ro.schedule)
+                              exit_policy=ro.exit_policy, schedule=ro.schedule,
+                              thinking=thinking_budget(ro.thinking, self.tokenizer))
 
 
 def source_label(source: str) -> str:
@@ -85,6 +88,7 @@ def curate_recipe(recipe: TrainRecipe, out: str | Path, *, samples: int | None =
                       kept=kept, template=recipe.data.prompt_template, seed=recipe.seed, progress=progress)
     check_existing_output(job)  # a bad existing output fails before the model loads
     policy = RecipePolicy.load(recipe, recipe_root, model)
+    job.template = recipe_prompt_renderer(recipe.data, policy.tokenizer)
     job.sampling = policy.sampling(recipe)
     job.fingerprint = {"model": str(policy.model_path.resolve()), "dtype": recipe.model.dtype,
                        "convert": recipe.model.convert, "split": split,
@@ -140,9 +144,11 @@ def evaluate_recipe(recipe: TrainRecipe, *, samples: int | None = None, split: s
         raise RlttError(f"--temperature: must be >= 0, got {temperature}")
     policy = RecipePolicy.load(recipe, recipe_root, model)
     eval_source = source or d.eval_source
-    tasks = eval_tasks(eval_source, d.source, policy.encode, d.prompt_template, split, size, d.seed)
+    tasks = eval_tasks(eval_source, d.source, policy.encode, recipe_prompt_renderer(d, policy.tokenizer), split,
+                       size, d.seed)
     result = evaluate(policy.engine, tasks, policy.tokenizer, policy.runner, samples, temperature,
                       recipe.rollout.max_new_tokens, seed=recipe.seed + EVAL_SEED_OFFSET,
-                      exit_policy=recipe.rollout.exit_policy, schedule=recipe.rollout.schedule)
+                      exit_policy=recipe.rollout.exit_policy, schedule=recipe.rollout.schedule,
+                      thinking=thinking_budget(recipe.rollout.thinking, policy.tokenizer))
     shown_source = eval_source or (f"{d.source} (held out)" if d.source.startswith("synthetic") else d.source)
     return EvalReport(str(policy.model_path), shown_source, split, len(tasks), samples, temperature, result)

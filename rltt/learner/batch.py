@@ -42,10 +42,12 @@ class LearnerBatch:
     def from_rollout(cls, rollout, advantages: torch.Tensor | None = None) -> "LearnerBatch":
         """The rows of a `RolloutBatch` as the learner scores them: prompt + completion, right-padded
         (`RolloutBatch.padded_sequences`), the completion tokens marked, with their recorded exit
-        steps and the sampler's tempered log-probs at their positions."""
+        steps and the sampler's tempered log-probs at their positions. Forced tokens
+        (``rollout.forced_mask``) are input like the prompt, never targets: no policy loss, KL,
+        entropy or log-prob mismatch on them."""
         ids, attention, start = rollout.padded_sequences()
         rows, width = rollout.completion_ids.shape
-        keep = rollout.completion_mask
+        keep = rollout.action_mask
         row = torch.arange(rows)[:, None].expand(rows, width)[keep]
         pos = (start[:, None] + torch.arange(width)[None, :])[keep]
         target = torch.zeros(ids.shape, dtype=torch.bool)

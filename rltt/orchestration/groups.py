@@ -41,9 +41,11 @@ class ScoredRollout:
 def score_rollout(rollout: RolloutBatch, tasks: list[Task], decode, runner: RewardRunner) -> ScoredRollout:
     """Decode every completion of ``rollout`` and score it against its task."""
     samples = []
+    sampled = rollout.action_mask.sum(dim=1).tolist()  # forced tokens are not the policy's
     for r in range(rollout.num_rows):
         task = tasks[int(rollout.prompt_index[r])]
-        samples.append(RewardSample(decode(rollout.completion(r)), task.answer, task.id))
+        samples.append(RewardSample(decode(rollout.completion(r)), task.answer, task.id,
+                                    {"completion_tokens": sampled[r], "max_tokens": rollout.params.max_new_tokens}))
     result = runner.score(samples)
     return ScoredRollout(rollout, list(tasks), torch.tensor(result.total, dtype=torch.float64),
                          {k: torch.tensor(v, dtype=torch.float64) for k, v in result.scores.items()},

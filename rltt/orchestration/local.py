@@ -24,6 +24,8 @@ import torch
 import yaml
 
 from rltt.config import to_dict
+from rltt.data.prompts import recipe_prompt_renderer
+from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.orchestration.components import make_engine, make_learner
@@ -65,14 +67,15 @@ class LocalTrainer:
         self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
         self.runner = RewardRunner.from_specs([(s.fn, s.weight) for s in r.rewards], root=recipe_root)
         encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
-        self.prompts = PromptStream(r.data.source, encode, r.data.prompt_template, r.data.split, r.data.limit,
-                                    r.data.seed)
-        self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, r.data.prompt_template,
+        template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
+        self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
+        self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
                                      r.data.eval_split, r.data.eval_size, r.data.seed)
         self.engine = make_engine(r, self.model)  # before the learner wraps the model
         self.learner = make_learner(r, self.model, self.ranks.world)
         self.training = TrainingStep(r, self.engine, self.learner, self.prompts, self.runner, self.tokenizer.decode,
-                                     stop_ids(self.tokenizer), self.tokenizer.pad_token_id or 0, self.ranks)
+                                     stop_ids(self.tokenizer), self.tokenizer.pad_token_id or 0, self.ranks,
+                                     thinking_budget(r.rollout.thinking, self.tokenizer))
         self.step = 0
         self.first_eval: float | None = None
         if resume:
@@ -96,7 +99,7 @@ class LocalTrainer:
         part = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
                         r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
                         exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule,
-                        shard=(self.ranks.rank, self.ranks.world))
+                        shard=(self.ranks.rank, self.ranks.world), thinking=self.training.thinking)
         result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
         return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
                 "eval/exit_step_mean": result.mean_exit_step}

@@ -88,12 +88,12 @@ class EvalResult:
 
 def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, samples: int,
              temperature: float, max_new_tokens: int, seed: int, exit_policy=None, schedule="deferred",
-             chunk: int = 64, shard: tuple[int, int] = (0, 1)) -> EvalResult:
+             chunk: int = 64, shard: tuple[int, int] = (0, 1), thinking=None) -> EvalResult:
     """Sample ``samples`` completions per task and score them; the primary reward decides 'solved'.
 
     Tasks go to the engine in chunks of ``chunk``, each seeded by its position; ``shard = (i, n)``
     evaluates the chunks ``i, i + n, ...`` only, so the merged results of the n shards equal one
-    unsharded evaluation."""
+    unsharded evaluation. ``thinking``: the rollout's `ThinkingBudget` (forced answer), or None."""
     primary = runner.names[0]
     rank, world = shard
     result = EvalResult(0, 0, 0.0, {}, 0.0, 0)
@@ -102,7 +102,8 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: Reward
             continue
         part = tasks[start:start + chunk]
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed + start,
-                                stop_token_ids=stop_ids(tokenizer), exit_policy=exit_policy, schedule=schedule)
+                                stop_token_ids=stop_ids(tokenizer), exit_policy=exit_policy, schedule=schedule,
+                                thinking=thinking)
         rollout = engine.generate([t.prompt_ids for t in part], params)
         scored = score_rollout(rollout, part, tokenizer.decode, runner)
         flags = scored.solved(primary).view(len(part), samples)
@@ -111,7 +112,7 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: Reward
         result.reward_sum += sum(scored.rewards.tolist())
         for task, row in zip(part, flags.sum(1).tolist()):
             result.per_task[task.id] = row / samples
-        mask = rollout.completion_mask
+        mask = rollout.action_mask  # sampled tokens (forced ones have no exit)
         result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
         result.tokens += int(mask.sum())
     return result

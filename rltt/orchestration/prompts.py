@@ -36,15 +36,17 @@ def load_records(source: str, split: str = "train", limit: int | None = None, se
     return records
 
 
-def make_task(record: dict, encode, template: str) -> Task:
-    prompt = format_prompt(record["question"], template)
+def make_task(record: dict, encode, template) -> Task:
+    """``template``: a ``{question}`` template or a renderer (`rltt.data.prompts.prompt_renderer`)."""
+    question = record["question"]
+    prompt = template(question) if callable(template) else format_prompt(question, template)
     return Task(str(record.get("id", "")), prompt, list(encode(prompt)), record["answer"])
 
 
 class PromptStream:
     """Prompt batches in a deterministic, resumable order (shuffled per epoch by ``seed``)."""
 
-    def __init__(self, source: str, encode, template: str, split: str = "train", limit: int | None = None,
+    def __init__(self, source: str, encode, template, split: str = "train", limit: int | None = None,
                  seed: int = 0):
         self.source, self.encode, self.template, self.seed = source, encode, template, seed
         self.records = load_records(source, split, limit, seed)
@@ -71,7 +73,7 @@ class PromptStream:
         self.position = int(state["position"])
 
 
-def eval_tasks(source: str | None, train_source: str, encode, template: str, split: str, size: int,
+def eval_tasks(source: str | None, train_source: str, encode, template, split: str, size: int,
                seed: int) -> list[Task]:
     """Held-out tasks: ``source``'s split, or synthetic problems from a disjoint seed."""
     source = source or train_source

@@ -51,12 +51,18 @@ class PromptDataSection(DataSection):
     eval_split: str = "test"
     eval_size: PositiveInt = 128
     limit: PositiveInt | None = None
+    prompt_format: Literal["plain", "chat"] = "plain"  # plain (prompt_template) | chat (the tokenizer's chat template)
+    system_prompt: str | None = None  # chat: an optional system message
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: template options
 
     def validate(self) -> None:
         super().validate()
         for key, value in (("data.source", self.source), ("data.eval_source", self.eval_source)):
             if value and not value.startswith("synthetic") and not _is_hub_id(value) and not path_exists(value):
                 raise recipe_error(key, f"no such file or directory: {value!r}")
+        if self.prompt_format == "plain" and (self.system_prompt or self.chat_template_kwargs):
+            key = "data.system_prompt" if self.system_prompt else "data.chat_template_kwargs"
+            raise recipe_error(key, "needs data.prompt_format: chat")
 
 
 def _is_hub_id(value: str) -> bool:
@@ -67,6 +73,26 @@ def _is_hub_id(value: str) -> bool:
 class RewardSpec:
     fn: str = "rewards/gsm8k.py:strict"
     weight: float = 1.0
+
+
+@dataclass
+class ThinkingSection:
+    """Thinking budget with a forced answer, for models that think in ``open … close``: a row that
+    reaches ``budget`` completion tokens (0 = off) with its thinking still open gets
+    ``interruption`` appended — forced, not sampled, never trained on — then samples up to
+    ``answer_budget`` more tokens. ``interruption`` should end the thinking (hold ``close``)."""
+
+    budget: NonNegativeInt = 0
+    open: str = "<think>"
+    close: str = "</think>"
+    interruption: str = ("\n\nConsidering the limited time by the user, I have to give the solution based on "
+                         "the thinking directly now.\n</think>\n\n")
+    answer_budget: PositiveInt = 128
+
+    def validate(self) -> None:
+        for key in ("open", "close", "interruption"):
+            if not getattr(self, key):
+                raise recipe_error(f"rollout.thinking.{key}", "must be a non-empty string")
 
 
 @dataclass
@@ -86,10 +112,14 @@ class RolloutSection:
     exit_policy: str | None = None
     schedule: Schedule = "deferred"
     stop_strings: list[str] = field(default_factory=list)
+    thinking: ThinkingSection = field(default_factory=ThinkingSection)
 
     def validate(self) -> None:
         if any(not s for s in self.stop_strings):
             raise recipe_error("rollout.stop_strings", "must be non-empty strings")
+        if self.thinking.budget > self.max_new_tokens:
+            raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
+                                                          f"got {self.thinking.budget}")
 
 
 @dataclass

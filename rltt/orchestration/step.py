@@ -24,7 +24,9 @@ from rltt.orchestration.distributed import Ranks
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
 from rltt.orchestration.prompts import PromptStream, Task
 from rltt.orchestration.recipe import TrainRecipe
+from rltt.data.reasoning import length_metrics, length_sums
 from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.rollout.params import ThinkingBudget
 from rltt.telemetry import Timer, peak_memory_gb
 from rltt.telemetry import schema as m
 
@@ -47,20 +49,26 @@ def rollout_seed(seed: int, step: int, attempt: int, index: int) -> int:
     return h >> 1
 
 
-def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, primary: str) -> dict[str, float]:
-    """Metrics of one rollout over every rank's rows (a collective), as one process would log them."""
+def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, primary: str,
+                    thinking: ThinkingBudget | None = None) -> dict[str, float]:
+    """Metrics of one rollout over every rank's rows (a collective), as one process would log them;
+    with a thinking budget also the ``length/*`` thinking metrics."""
     rollout = scored.rollout
     stats = rollout.stats
     counted = stats.row_passes is not None
     local = {
         "rewards": scored.rewards.float(), "lengths": rollout.completion_lengths.float(),
         "truncated": sum(reason == "length" for reason in rollout.finish_reasons),
-        "exit_steps": int(rollout.exit_steps[rollout.completion_mask].sum()), "errors": len(scored.errors),
+        "exit_steps": int(rollout.exit_steps[rollout.action_mask].sum()), "actions": int(rollout.action_mask.sum()),
+        "errors": len(scored.errors),
         "row_passes": float(stats.row_passes.sum()) if counted else 0.0, "tokens": stats.tokens if counted else 0,
         "uniform": int(groups.uniform.sum()), "groups": groups.num_groups,
         **{f"fn/{name}": values for name, values in scored.per_fn.items()},
     }
-    sums = ("truncated", "exit_steps", "errors", "row_passes", "tokens", "uniform", "groups")
+    if thinking is not None:
+        local.update({f"think/{k}": v for k, v in length_sums(rollout, thinking.close).items()})
+    sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
+            *(k for k in local if k.startswith("think/")))
     t = ranks.reduce(local, {k: "sum" if k in sums else "concat" for k in local})
     rewards, lengths = t["rewards"], t["lengths"]
     out = {
@@ -72,10 +80,12 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         m.LENGTH_MEAN: float(lengths.mean()),
         m.LENGTH_MAX: float(lengths.max()),
         m.LENGTH_TRUNC_FRAC: t["truncated"] / lengths.numel(),
-        "rollout/exit_step_mean": t["exit_steps"] / max(float(lengths.sum()), 1),
+        "rollout/exit_step_mean": t["exit_steps"] / max(float(t["actions"]), 1),
         "rollout/passes_per_token": t["row_passes"] / t["tokens"] if t["tokens"] else 0.0,
         "rollout/sequences": rewards.numel(),
     }
+    if thinking is not None:
+        out.update(length_metrics({k[len("think/"):]: v for k, v in t.items() if k.startswith("think/")}))
     for name in scored.per_fn:
         values = t[f"fn/{name}"].tolist()
         out[m.reward_key(name)] = sum(values) / len(values)
@@ -90,8 +100,10 @@ class TrainingStep:
     every rank draws from identically."""
 
     def __init__(self, recipe: TrainRecipe, engine: RolloutEngine, learner: LearnerAPI, prompts: PromptStream,
-                 runner: RewardRunner, decode, stop_token_ids: list[int], pad_id: int = 0, ranks: Ranks = Ranks()):
+                 runner: RewardRunner, decode, stop_token_ids: list[int], pad_id: int = 0, ranks: Ranks = Ranks(),
+                 thinking: ThinkingBudget | None = None):
         self.recipe, self.engine, self.learner, self.prompts = recipe, engine, learner, prompts
+        self.thinking = thinking  # rollout.thinking as token ids (rltt.data.reasoning.thinking_budget)
         self.runner, self.decode, self.stop_token_ids, self.pad_id, self.ranks = (
             runner, decode, list(stop_token_ids), pad_id, ranks)
 
@@ -103,7 +115,8 @@ class TrainingStep:
             temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=ro.max_new_tokens,
             stop_token_ids=self.stop_token_ids, stop_strings=list(ro.stop_strings),
             decoder=self.decode if ro.stop_strings else None, seed=rollout_seed(self.recipe.seed, step, attempt, -1),
-            prompt_seeds=seeds, n=ro.group_size, exit_policy=ro.exit_policy, schedule=ro.schedule)
+            prompt_seeds=seeds, n=ro.group_size, exit_policy=ro.exit_policy, schedule=ro.schedule,
+            thinking=self.thinking)
 
     def _sample(self, tasks: list[Task], params: SamplingParams) -> tuple[ScoredRollout, ScoredGroups]:
         """Generate and score ``tasks``; the groups carry their advantages (computed once)."""
@@ -134,7 +147,7 @@ class TrainingStep:
         drawn = self.prompts.next(total)  # the global list, the same on every rank
         tasks = [drawn[i] for i in span]
         scored, groups = self._sample(tasks, self.sampling(step, 0, span))
-        metrics = rollout_metrics(scored, groups, ranks, self.runner.names[0])
+        metrics = rollout_metrics(scored, groups, ranks, self.runner.names[0], self.thinking)
         if not r.algorithm.dynamic_sampling:
             return groups, metrics
         kept: list[ScoredGroups] = []

@@ -99,6 +99,11 @@ class RolloutBatch:
       the model's max_position_embeddings) per row.
     - ``schedule``: the pass record (see the module docstring); ``params``: the sampling
       parameters, with ``seed`` filled in; ``dtype``: the model dtype the rollout ran in.
+    - ``forced_mask`` (R, C) bool: completion tokens that were *forced*, not sampled (the
+      interruption of a thinking budget, `SamplingParams.thinking`): input for the tokens after
+      them, never policy actions. Their ``logprobs``/``tempered_logprobs`` are 0, ``exit_steps``
+      0 (no exit was decided) and ``gate_probs`` those of the state before them, as computed.
+      All False when nothing was forced (the default).
     """
 
     prompts: list[list[int]]
@@ -118,6 +123,16 @@ class RolloutBatch:
     num_loops: int
     dtype: torch.dtype
     pad_id: int = 0
+    forced_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.forced_mask is None:
+            self.forced_mask = torch.zeros(self.completion_ids.shape, dtype=torch.bool)
+
+    @property
+    def action_mask(self) -> torch.Tensor:
+        """(R, C) bool: the sampled completion tokens (the policy's actions): completion, not forced."""
+        return self.completion_mask & ~self.forced_mask
 
     @property
     def num_rows(self) -> int:

@@ -87,7 +87,9 @@ class NativeEngine(RolloutEngine):
         prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
         lengths = [len(prompts[i]) for i in prompt_index]
         num_rows = len(prompt_index)
-        executor = PassExecutor(self.model, num_rows, max(lengths) + params.max_new_tokens)
+        thinking = params.thinking
+        width = params.max_new_tokens if thinking is None else max(params.max_new_tokens, thinking.max_completion)
+        executor = PassExecutor(self.model, num_rows, max(lengths) + width)
         for r, i in enumerate(prompt_index):
             executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
         sched = Scheduler(params.schedule, T, lengths)
@@ -101,6 +103,7 @@ class NativeEngine(RolloutEngine):
             stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
 
         out = _Completions(num_rows)
+        budget = _Budget(thinking, num_rows, params.max_new_tokens)
         schedule = Schedule(params.schedule)
         schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
         entries = sum(p.entries() for p in schedule.passes)
@@ -135,8 +138,20 @@ class NativeEngine(RolloutEngine):
                                                           raw.tolist(), tempered.tolist()):
                     out.add(r, token, steps[i], lp, lp_t)
                     sched.exited(r)
-                    reason = self._finish_reason(out.tokens[r], token, stops, params, position,
-                                                 cfg.max_position_embeddings)
+                    reason = self._stop_reason(out.tokens[r], token, stops, params)
+                    if reason is None and budget.should_force(r, out.tokens[r]):
+                        if position + len(thinking.interruption) < cfg.max_position_embeddings:
+                            forced = torch.tensor(thinking.interruption, device=executor.device)
+                            executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
+                            out.force(r, thinking.interruption)
+                            budget.forced(r, len(out.tokens[r]))
+                            sched.force(r, len(forced))
+                            position += len(forced)
+                        else:  # no room for the interruption and an answer
+                            reason = "length"
+                    if reason is None and (len(out.tokens[r]) >= budget.cap[r]
+                                           or position >= cfg.max_position_embeddings):
+                        reason = "length"  # the next token would need a position the model does not have
                     if reason:
                         out.finish[r] = reason
                         sched.finish(r)
@@ -158,18 +173,39 @@ class NativeEngine(RolloutEngine):
         return batch
 
     @staticmethod
-    def _finish_reason(completion: list[int], token: int, stops: set[int], params: SamplingParams,
-                       position: int, max_positions: int) -> str | None:
-        """Finish reason ("stop" or "length") if the row ends with ``token`` (at ``position``), else None."""
+    def _stop_reason(completion: list[int], token: int, stops: set[int], params: SamplingParams) -> str | None:
+        """``"stop"`` if the row ends with ``token`` (a stop token, or a stop string now in its text), else None."""
         if token in stops:
             return "stop"
         if params.stop_strings:
             text = params.decoder(completion)
             if any(s in text for s in params.stop_strings):
                 return "stop"
-        if len(completion) >= params.max_new_tokens or position >= max_positions:
-            return "length"  # the next token would need a position the model does not have
         return None
+
+
+class _Budget:
+    """Per-row completion caps and the thinking budget: which rows get the forced interruption."""
+
+    def __init__(self, thinking, num_rows: int, max_new_tokens: int):
+        self.thinking = thinking
+        self.cap = [max_new_tokens] * num_rows
+        self.closed = [False] * num_rows
+
+    def should_force(self, row: int, completion: list[int]) -> bool:
+        """After a sampled token: the row reached the budget with its thinking still open."""
+        t = self.thinking
+        if t is None:
+            return False
+        if not self.closed[row] and completion[-len(t.close):] == t.close:
+            self.closed[row] = True
+        return not self.closed[row] and len(completion) == t.budget
+
+    def forced(self, row: int, length: int) -> None:
+        """The interruption was appended (the completion now has ``length`` tokens): the row
+        may sample ``answer_budget`` more."""
+        self.closed[row] = True
+        self.cap[row] = length + self.thinking.answer_budget
 
 
 def shared_prefill(executor: PassExecutor, prompts: list[list[int]], prompt_index: list[int], lengths: list[int],
@@ -217,12 +253,19 @@ class _Completions:
         self.raw = [[] for _ in range(num_rows)]
         self.tempered = [[] for _ in range(num_rows)]
         self.finish = ["length"] * num_rows
+        self.forced = [[] for _ in range(num_rows)]  # completion indices of forced tokens
 
     def add(self, row: int, token: int, step: int, raw: float, tempered: float) -> None:
         self.tokens[row].append(token)
         self.exits[row].append(step)
         self.raw[row].append(raw)
         self.tempered[row].append(tempered)
+
+    def force(self, row: int, tokens: list[int]) -> None:
+        """Append forced (not sampled) tokens: no exit step, no sampling log-prob."""
+        for token in tokens:
+            self.forced[row].append(len(self.tokens[row]))
+            self.add(row, token, 0, 0.0, 0.0)
 
     def to_batch(self, prompts, prompt_index, lengths, executor: PassExecutor, schedule: Schedule,
                  params: SamplingParams, stats: RolloutStats, num_loops: int, pad_id: int) -> RolloutBatch:
@@ -233,6 +276,7 @@ class _Completions:
         raw = torch.zeros((rows, width), dtype=torch.float32)
         tempered = torch.zeros((rows, width), dtype=torch.float32)
         gates = torch.full((num_loops, rows, width), float("nan"))
+        forced = torch.zeros((rows, width), dtype=torch.bool)
         for r in range(rows):
             n = len(self.tokens[r])
             ids[r, :n] = torch.tensor(self.tokens[r])
@@ -242,6 +286,7 @@ class _Completions:
             tempered[r, :n] = torch.tensor(self.tempered[r], dtype=torch.float32)
             first = lengths[r] - 1  # position whose state produced completion token 0
             gates[:, r, :n] = executor.gates[:, r, first: first + n].cpu()
+            forced[r, self.forced[r]] = True
         completion_lengths = torch.tensor([len(t) for t in self.tokens])
         return RolloutBatch(
             prompts=prompts, prompt_index=torch.tensor(prompt_index), prompt_lengths=torch.tensor(lengths),
@@ -249,5 +294,5 @@ class _Completions:
             completion_mask=torch.arange(width)[None, :] < completion_lengths[:, None],
             exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
             finish_reasons=self.finish, schedule=schedule, params=params, stats=stats,
-            num_loops=num_loops, dtype=executor.dtype, pad_id=pad_id,
+            num_loops=num_loops, dtype=executor.dtype, pad_id=pad_id, forced_mask=forced,
         )

@@ -16,6 +16,52 @@ Decoder = Callable[[Sequence[int]], str]
 
 
 @dataclass
+class ThinkingBudget:
+    """A thinking budget with a forced answer (reasoning models that think inside ``<think> … </think>``).
+
+    A row that reaches ``budget`` completion tokens without having closed its thinking (the
+    ``close`` token ids do not occur in its completion) and without having stopped gets the
+    ``interruption`` token ids appended — *forced*, not sampled: they are input for what
+    follows, never policy actions (`RolloutBatch.forced_mask`) — and then samples up to
+    ``answer_budget`` more tokens. ``interruption`` normally ends with ``close`` (e.g.
+    ``"\\n\\nTime is up.\\n</think>\\n\\n"``). A row that closed its thinking in time goes on to
+    ``max_new_tokens`` as usual.
+    """
+
+    budget: int
+    close: list[int]
+    interruption: list[int]
+    answer_budget: int
+
+    def validate(self, max_new_tokens: int, vocab_size: int | None = None) -> None:
+        def bad(name: str, why: str):
+            raise RlttError(f"SamplingParams.thinking.{name}: {why}, got {getattr(self, name)!r}")
+
+        def ids(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not value or not all(_is_int(t) for t in value):
+                bad(name, "must be a non-empty list of token ids")
+            if vocab_size is not None and any(not 0 <= t < vocab_size for t in value):
+                bad(name, f"ids must be in [0, {vocab_size})")
+
+        if not _is_int(self.budget) or not 1 <= self.budget <= max_new_tokens:
+            bad("budget", f"must be an int in [1, max_new_tokens={max_new_tokens}]")
+        if not _is_int(self.answer_budget) or self.answer_budget < 1:
+            bad("answer_budget", "must be an int >= 1")
+        ids("close")
+        ids("interruption")
+
+    @property
+    def max_completion(self) -> int:
+        """The longest completion a forced row can have."""
+        return self.budget + len(self.interruption) + self.answer_budget
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
 class SamplingParams:
     """Sampling settings of one `RolloutEngine.generate` call.
 
@@ -37,6 +83,8 @@ class SamplingParams:
     - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (SPEC §1.4);
       None uses the model config's.
     - ``schedule``: ``dense`` (every token runs all T steps) or ``deferred`` (SPEC §2.1).
+    - ``thinking``: a `ThinkingBudget` (forced answer after ``budget`` unclosed thinking tokens),
+      or None.
     """
 
     temperature: float = 1.0
@@ -52,6 +100,7 @@ class SamplingParams:
     n: int = 1
     exit_policy: str | ExitPolicy | None = None
     schedule: str = "deferred"
+    thinking: ThinkingBudget | None = None
 
     @property
     def greedy(self) -> bool:
@@ -92,6 +141,10 @@ class SamplingParams:
             bad("stop_strings", "must be a list of non-empty strings")
         if self.stop_strings and not callable(self.decoder):
             bad("decoder", "stop_strings need a decoder callable (token ids -> text), e.g. tokenizer.decode")
+        if self.thinking is not None:
+            if not isinstance(self.thinking, ThinkingBudget):
+                bad("thinking", "must be a ThinkingBudget or None")
+            self.thinking.validate(self.max_new_tokens, vocab_size)
         if num_loops is not None and self.exit_policy is not None:
             ExitPolicy.parse(self.exit_policy, num_loops, field="SamplingParams.exit_policy")
         return self

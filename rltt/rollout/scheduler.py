@@ -31,6 +31,7 @@ class Scheduler:
         self.frontier = [[0] * num_loops for _ in range(rows)]
         self.active = [True] * rows
         self.row_passes = [0] * rows
+        self.skip = [0] * rows  # forced tokens written after the decode token's sampled one
 
     def prefilled(self, rows: list[int], passes: int) -> None:
         """``rows`` had positions ``0..cursor-1`` computed at every step by a shared prefill of
@@ -62,6 +63,12 @@ class Scheduler:
         """The decode token of ``row`` was sampled at its current step."""
         self.sampled[row] = True
 
+    def force(self, row: int, count: int) -> None:
+        """``count`` forced tokens follow the token the row just sampled: when it settles, its
+        cursor moves past them to the last one, and they are computed like prompt tokens
+        (pending at depth 0, by the frontier rule) in the passes of that decode token."""
+        self.skip[row] = count
+
     def finish(self, row: int) -> None:
         self.active[row] = False
 
@@ -70,7 +77,8 @@ class Scheduler:
         moved = []
         for r, on in enumerate(self.active):
             if on and self.sampled[r] and (self.kind == "deferred" or self.depth[r] == self.num_loops):
-                self.cursor[r] += 1
+                self.cursor[r] += 1 + self.skip[r]
+                self.skip[r] = 0
                 self.depth[r], self.sampled[r] = 0, False
                 moved.append(r)
         return moved

@@ -67,6 +67,10 @@ MISMATCH_K3 = "mismatch/k3"
 LENGTH_MEAN = "length/mean"
 LENGTH_MAX = "length/max"
 LENGTH_TRUNC_FRAC = "length/trunc_frac"
+LENGTH_FORCED_FRAC = "length/forced_frac"
+LENGTH_THINK_MEAN = "length/think_mean"
+LENGTH_ANSWER_MEAN = "length/answer_mean"
+LENGTH_UNCLOSED_FRAC = "length/unclosed_frac"
 
 TIME_ROLLOUT = "time/rollout"
 TIME_LEARNER = "time/learner"
@@ -237,6 +241,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(LENGTH_MEAN, "mean completion length", "tokens"),
     MetricSpec(LENGTH_MAX, "max completion length", "tokens"),
     MetricSpec(LENGTH_TRUNC_FRAC, "fraction of completions cut at max_new_tokens", "fraction"),
+    MetricSpec(LENGTH_FORCED_FRAC, "fraction of completions given the forced answer (thinking budget)", "fraction"),
+    MetricSpec(LENGTH_THINK_MEAN, "mean thinking length (through the close marker; all if unclosed)", "tokens"),
+    MetricSpec(LENGTH_ANSWER_MEAN, "mean answer length (after the close marker)", "tokens"),
+    MetricSpec(LENGTH_UNCLOSED_FRAC, "fraction of completions that never close their thinking", "fraction"),
     # systems
     MetricSpec(TIME_ROLLOUT, "wall time of generation (and reward scoring)", "s"),
     MetricSpec(TIME_LEARNER, "wall time of the learner update(s)", "s"),
