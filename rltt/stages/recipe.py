@@ -132,11 +132,14 @@ class TrainSection:
     log_every: int = 10
     save_every: int = 200
     progress: bool = True
+    max_consecutive_skips: int = 3  # non-finite steps in a row (skipped, no update) before the run stops
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise recipe_error(f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.max_consecutive_skips < 0:
+            raise recipe_error("train.max_consecutive_skips", f"must be >= 0 (0 = never stop), got {self.max_consecutive_skips}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise recipe_error("train.device", f"must be auto | cpu | cuda[:i], got {self.device!r}")
 
@@ -174,6 +177,19 @@ class AlarmSection:
     p1_threshold: float = 0.9
     patience: int = 3
     min_step: int = 0
+
+
+@dataclass
+class CheckpointSection:
+    """Retention: the newest ``keep_last`` checkpoints (0 = all), plus every ``keep_every``-th step (0 = none)."""
+
+    keep_last: int = 3
+    keep_every: int = 0
+
+    def validate(self) -> None:
+        for name in ("keep_last", "keep_every"):
+            if getattr(self, name) < 0:
+                raise recipe_error(f"checkpoint.{name}", f"must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -246,6 +262,7 @@ class StageRecipe:
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
     alarm: AlarmSection = field(default_factory=AlarmSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
 
 
 @dataclass
