@@ -7,6 +7,7 @@ Numbers compare by value: ``"$1,200"`` equals ``"1200.00"``; ``"-3"`` is negativ
 from __future__ import annotations
 
 from rltt.data.gsm8k import extract_final_answer, extract_last_number, reference_answer, to_decimal
+from rltt.data.rewards import builtin_reward
 
 
 def _matches(predicted: str | None, answer: str) -> float:
@@ -16,11 +17,13 @@ def _matches(predicted: str | None, answer: str) -> float:
     return 1.0 if to_decimal(predicted) == to_decimal(reference) else 0.0
 
 
+@builtin_reward  # string parsing only: runs in the trainer's process
 def strict(completion: str, answer: str, **kw) -> float:
     """1.0 if the number after the completion's last ``####`` equals the reference, else 0.0."""
     return _matches(extract_final_answer(completion), answer)
 
 
+@builtin_reward
 def flexible(completion: str, answer: str, **kw) -> float:
     """1.0 if the last number anywhere in the completion equals the reference, else 0.0."""
     return _matches(extract_last_number(completion), answer)

@@ -22,9 +22,10 @@ from typing import Iterable
 import torch
 
 from rltt.errors import RlttError
+from rltt.telemetry import schema
 
 #: The metric: steps skipped so far in the run.
-SKIPPED_STEPS = "guard/skipped_steps"
+SKIPPED_STEPS = schema.GUARD_SKIPPED_STEPS
 ALARM_KIND = "non_finite"
 
 
