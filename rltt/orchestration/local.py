@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from rltt.config import to_dict
-from rltt.data.rewards import RewardRunner
+from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner, reward_error_metrics
 from rltt.errors import RlttError
 from rltt.learner import Learner, frozen_copy
 from rltt.objectives import group_advantages, select_informative_groups
@@ -36,6 +36,8 @@ from rltt.orchestration.prompts import PromptStream, eval_tasks
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
 from rltt.stages.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, rng_state, set_rng_state, write_model_dir
+from rltt.stages.checkpoint import clean_stale, load_state_file, prune_checkpoints, require_run  # hardening
+from rltt.stages.paths import RESOLVED_RECIPE, check_run_dir  # hardening
 from rltt.telemetry import MetricsLogger, Timer, peak_memory_gb
 from rltt.telemetry import schema as m
 
@@ -54,12 +56,16 @@ class LocalTrainer:
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
         self.recipe = recipe
         self.ranks = ranks_from_env(recipe.learner.backend, recipe.rollout.prompts_per_step)
-        self.run_dir = Path(recipe.logging.run_dir)
+        self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {  # hardening: never over an input
+            "data.source": recipe.data.source, "data.eval_source": recipe.data.eval_source, "model.path": recipe.model.path})
+        if resume:  # hardening
+            require_run(self.run_dir, "logging.run_dir", STATE_FILE)
         if not resume and (self.run_dir / "metrics.jsonl").exists():
             raise RlttError(f"logging.run_dir: {self.run_dir} already holds a run; pass --resume to continue it "
                             f"or choose another logging.run_dir")
         if self.ranks.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            clean_stale(self.run_dir / "checkpoints")  # hardening: .tmp-*/.staged-* of killed writes
         torch.manual_seed(recipe.seed)
         if recipe.train.threads:
             torch.set_num_threads(recipe.train.threads)
@@ -67,7 +73,7 @@ class LocalTrainer:
         self.model_path = resolve_model_path(r.model.path)
         self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
         self.reference = frozen_copy(self.model) if (r.algorithm.kl_coef > 0 or r.algorithm.track_kl) else None
-        self.runner = RewardRunner.from_specs([(s.fn, s.weight) for s in r.rewards], root=recipe_root)
+        self.runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in r.rewards], root=recipe_root)
         encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
         self.prompts = PromptStream(r.data.source, encode, r.data.prompt_template, r.data.split, r.data.limit,
                                     r.data.seed)
@@ -88,7 +94,8 @@ class LocalTrainer:
             self._resume()
         self.logger = None  # rank 0's
         if self.ranks.main:
-            (self.run_dir / "recipe.yaml").write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)  # hardening
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
                                         resume_step=self.step if resume else None, config=to_dict(recipe))
 
@@ -156,10 +163,13 @@ class LocalTrainer:
         })
         for name, values in t.per_fn.items():
             metrics[m.reward_key(name)] = sum(values) / len(values)
+        all_errors = [e for part in self.ranks.gather(groups.errors) for e in part]  # hardening: per-fn counts
+        metrics.update(reward_error_metrics(all_errors, self.runner.names))
 
     def train_step(self, step: int) -> dict:
         r = self.recipe
         metrics: dict = {}
+        self.runner.step = step  # hardening: recorded with reward errors
         t0 = time.perf_counter()
         with Timer(metrics, m.TIME_ROLLOUT):
             groups = self.rollout(step, metrics)
@@ -222,6 +232,8 @@ class LocalTrainer:
 
         if self.ranks.main:
             atomic_dir(final, write)
+            prune_checkpoints(self.run_dir, self.recipe.checkpoint.keep_last, self.recipe.checkpoint.keep_every,
+                              STATE_FILE)  # hardening
         self.ranks.barrier()  # the checkpoint is complete before any rank moves on
         return final
 
@@ -238,7 +250,7 @@ class LocalTrainer:
         ckpt = latest_checkpoint(self.run_dir, STATE_FILE)
         if ckpt is None:
             return
-        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        state = load_state_file(ckpt / STATE_FILE)  # hardening: weights_only, refuses code
         from safetensors.torch import load_file
 
         weights = {}
@@ -284,6 +296,7 @@ class LocalTrainer:
                 from rltt.telemetry import maybe_review
 
                 maybe_review(self.run_dir, self.step, r.logging.review_every)
+        self.runner.close()  # hardening: stop the reward workers
         if main:
             self.logger.close()
             if r.logging.review_at_end:

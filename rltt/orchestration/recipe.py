@@ -62,6 +62,13 @@ def _is_hub_id(value: str) -> bool:
 class RewardSpec:
     fn: str = "rewards/gsm8k.py:strict"
     weight: float = 1.0
+    timeout_s: float = 5.0  # per call; an isolated reward past it is killed and scores 0
+
+    def validate(self) -> None:
+        import math
+
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise recipe_error("rewards.timeout_s", f"must be a positive number of seconds, got {self.timeout_s}")
 
 
 @dataclass
@@ -121,6 +128,13 @@ class LoggingSection:
 class CheckpointSection:
     every: int = 10
     save_final: bool = True
+    keep_last: int = 3  # newest checkpoints kept (0 = all)
+    keep_every: int = 0  # also keep every keep_every-th step (0 = none)
+
+    def validate(self) -> None:
+        for name in ("keep_last", "keep_every"):
+            if getattr(self, name) < 0:
+                raise recipe_error(f"checkpoint.{name}", f"must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
