@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from rltt.data.gsm8k import has_final_answer_line
 from rltt.data.reasoning import well_formed
+from rltt.data.rewards import builtin_reward
 
 
+@builtin_reward  # string parsing only: runs in the trainer's process
 def format_reward(completion: str, answer: str | None = None, **kw) -> float:
     """1.0 if the completion has a line that is exactly ``#### <number>``, else 0.0.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from rltt.data.gsm8k import extract_last_number, reference_answer, to_decimal
 from rltt.data.reasoning import answer_part, final_answer
+from rltt.data.rewards import builtin_reward
 
 
 def _matches(predicted: str | None, answer: str) -> float:
@@ -20,11 +21,13 @@ def _matches(predicted: str | None, answer: str) -> float:
     return 1.0 if to_decimal(predicted) == to_decimal(reference) else 0.0
 
 
+@builtin_reward  # string parsing only: runs in the trainer's process
 def strict(completion: str, answer: str, **kw) -> float:
     """1.0 if the completion's final answer (its last ``####`` or ``\\boxed{}``) equals the reference."""
     return _matches(final_answer(answer_part(completion)), answer)
 
 
+@builtin_reward
 def flexible(completion: str, answer: str, **kw) -> float:
     """1.0 if the last number anywhere in the completion equals the reference, else 0.0."""
     return _matches(extract_last_number(answer_part(completion)), answer)

@@ -4,6 +4,9 @@ Both sides go through ``math_verify.parse`` (LaTeX such as ``\\boxed{\\frac{1}{2
 expressions) and ``math_verify.verify`` decides equivalence. A GSM8K reference solution is
 reduced to its ``#### N`` number first. Only the answer after a reasoning model's thinking
 (after the last ``</think>``) is parsed; ``#### N`` there counts as ``N``.
+
+Not a built-in fast-path reward: sympy can take unbounded time on adversarial LaTeX, so it
+runs in a reward worker with the per-call timeout like user rewards.
 """
 
 from __future__ import annotations

@@ -126,6 +126,7 @@ class TrainSection:
 
     steps: PositiveInt = 20
     threads: NonNegativeInt = 0
+    max_consecutive_skips: NonNegativeInt = 3  # non-finite steps in a row (skipped, no update) before the run stops; 0 = never
 
 
 @dataclass
@@ -146,3 +147,5 @@ class CheckpointSection:
 
     every: NonNegativeInt = 10
     save_final: bool = True
+    keep_last: NonNegativeInt = 3  # newest checkpoints kept (0 = all)
+    keep_every: NonNegativeInt = 0  # also keep every keep_every-th step (0 = none)

@@ -22,5 +22,5 @@ def run(args: argparse.Namespace) -> int:
     from rltt.stages.convert import convert, load_convert_recipe
 
     recipe = load_convert_recipe(args.recipe, args.overrides)
-    report(convert(recipe, resume=args.resume))
+    report(convert(recipe, resume=args.resume, recipe_file=args.recipe))
     return 0

@@ -41,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from rltt.curation.recipes import curate_recipe
     from rltt.orchestration.recipe import load_train_recipe
 
+    from rltt.curation.curate import CurationPaths
+
     band = Band.parse(args.band)
     recipe = load_train_recipe(args.recipe, args.overrides)
+    # the outputs never overwrite an input: the recipe file or the data source
+    CurationPaths.for_output(args.out, args.kept, {"the recipe file": args.recipe,
+                                                   "the data source": args.source or recipe.data.source})
     result = curate_recipe(recipe, args.out, samples=args.samples, band=band, source=args.source,
                            split=args.split, limit=args.limit, kept=args.kept,
                            recipe_root=Path(args.recipe).resolve().parent, model=args.model,

@@ -23,5 +23,5 @@ def run(args: argparse.Namespace) -> int:
     from rltt.stages.pretrain import load_pretrain_recipe, pretrain
 
     recipe = load_pretrain_recipe(args.recipe, args.overrides)
-    report(pretrain(recipe, resume=args.resume))
+    report(pretrain(recipe, resume=args.resume, recipe_file=args.recipe))
     return 0

@@ -36,6 +36,7 @@ from rltt.errors import RlttError
 from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.prompts import make_task
 from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.stages.paths import check_output_file
 
 #: The fields of one output record.
 RECORD_FIELDS = ("id", "question", "answer", "prompt", "solve_rate", "rewards", "solved", "mean_exit_step",
@@ -65,19 +66,46 @@ class CurationPaths:
         return self.out.suffix == ".parquet"
 
     @classmethod
-    def for_output(cls, out: str | Path, kept: str | Path | None = None) -> "CurationPaths":
+    def for_output(cls, out: str | Path, kept: str | Path | None = None,
+                   inputs: dict[str, str | Path | None] | None = None) -> "CurationPaths":
+        """The paths for ``--out``/``--kept``; none may be an input (``{label: path}``: the data
+        source, the recipe file), and an existing ``--kept`` must be a kept set this command wrote."""
         out = Path(out)
         if out.suffix not in FORMATS:
             raise RlttError(f"--out: {out} must end in .jsonl or .parquet")
-        if out.exists() and not out.is_file():
-            raise RlttError(f"--out: {out} is not a file")
+        inputs = dict(inputs or {})
+        check_output_file(out, "--out", inputs)  # an existing --out is resumed only if it holds curation records
         journal = out.with_name(out.stem + ".progress.jsonl") if out.suffix == ".parquet" else out
+        check_output_file(journal, "--out", inputs)
         kept_path = Path(kept) if kept is not None else out.with_name(out.stem + ".kept" + out.suffix)
         if kept_path.suffix not in FORMATS:
             raise RlttError(f"--kept: {kept_path} must end in .jsonl or .parquet")
         if kept_path.resolve() in (out.resolve(), journal.resolve()):
             raise RlttError(f"--kept: {kept_path} must differ from --out")
-        return cls(out, journal, kept_path, out.with_name(out.stem + ".hist.png"))
+        check_output_file(kept_path, "--kept", inputs, owned=is_kept_file)
+        histogram = out.with_name(out.stem + ".hist.png")
+        check_output_file(histogram, "--out", inputs)
+        return cls(out, journal, kept_path, histogram)
+
+
+def is_kept_file(path: Path) -> bool:
+    """True when ``path`` is a kept set `rltt curate` wrote (or empty): its records have exactly
+    the `KEPT_FIELDS`. Anything else is never overwritten."""
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return set(pq.read_schema(path).names) == set(KEPT_FIELDS)
+        with path.open("rb") as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or set(record) != set(KEPT_FIELDS):
+                        return False
+    except Exception:  # noqa: BLE001 - unreadable: not ours
+        return False
+    return True
 
 
 @dataclass
@@ -103,6 +131,10 @@ class CurationJob:
     fingerprint: dict = field(default_factory=dict)
     progress: bool = True
     rows_per_call: int = 64  # completions per generate call (whole prompts; at least one prompt)
+
+    def inputs(self) -> dict[str, str]:
+        """What the outputs must not overwrite: the data source (when it is a local path)."""
+        return {"the data source": self.source}
 
     @property
     def prompts_per_call(self) -> int:
@@ -203,7 +235,7 @@ def _record_check(job: CurationJob, by_id: dict[str, dict], digest: str | None):
 def check_existing_output(job: CurationJob) -> int:
     """Check an existing output of ``job`` (all but the settings digest) without touching it;
     the number of finished prompts. Lets a caller fail before loading a model."""
-    paths = CurationPaths.for_output(job.out, job.kept)
+    paths = CurationPaths.for_output(job.out, job.kept, job.inputs())
     check = _record_check(job, _source_index(job), None)
     if paths.journal.exists():
         return len(RecordJournal(paths.journal).read(check))
@@ -258,7 +290,7 @@ def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner
 
     if job.samples < 1:
         raise RlttError(f"--samples: must be >= 1, got {job.samples}")
-    paths = CurationPaths.for_output(job.out, job.kept)
+    paths = CurationPaths.for_output(job.out, job.kept, job.inputs())
     by_id = _source_index(job)
     digest = job.settings_digest()
     journal = RecordJournal(paths.journal)

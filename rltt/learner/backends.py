@@ -74,7 +74,9 @@ class TorchBackend(_Backend):
         torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
-        state = torch.load(path / "optimizer.pt", weights_only=False)
+        from rltt.stages.checkpoint import load_state_file
+
+        state = load_state_file(path / "optimizer.pt")  # weights_only: a crafted pickle cannot run code
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = state["updates"]
 

@@ -294,7 +294,9 @@ class Learner:
             for f in sorted(directory.glob("*.safetensors")):
                 weights.update(load_file(str(f)))
             self.policy.load_state_dict(weights, strict=False)
-        state = torch.load(directory / LEARNER_STATE, weights_only=False) if (directory / LEARNER_STATE).exists() else {}
+        from rltt.stages.checkpoint import load_state_file
+
+        state = load_state_file(directory / LEARNER_STATE) if (directory / LEARNER_STATE).exists() else {}
         if self.learned_logits is not None and LOOP_WEIGHTS in state:
             with torch.no_grad():
                 self.learned_logits.copy_(state[LOOP_WEIGHTS])

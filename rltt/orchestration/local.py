@@ -26,7 +26,7 @@ import yaml
 from rltt.config import to_dict
 from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.reasoning import thinking_budget
-from rltt.data.rewards import RewardRunner
+from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
 from rltt.orchestration.components import make_engine, make_learner
 from rltt.orchestration.distributed import ranks_from_env
@@ -34,7 +34,9 @@ from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve
 from rltt.orchestration.prompts import PromptStream, eval_tasks
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.orchestration.step import TrainingStep
-from rltt.stages.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, rng_state, set_rng_state
+from rltt.stages.checkpoint import (atomic_dir, checkpoint_dir, clean_stale, latest_checkpoint, load_state_file,
+                                   prune_checkpoints, require_run, rng_state, set_rng_state)
+from rltt.stages.paths import RESOLVED_RECIPE, check_run_dir
 from rltt.telemetry import MetricsLogger
 from rltt.telemetry import schema as m
 
@@ -53,19 +55,23 @@ class LocalTrainer:
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
         self.recipe = recipe
         self.ranks = ranks_from_env(recipe.learner.backend, recipe.rollout.prompts_per_step)
-        self.run_dir = Path(recipe.logging.run_dir)
+        self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {  # never over an input
+            "data.source": recipe.data.source, "data.eval_source": recipe.data.eval_source, "model.path": recipe.model.path})
+        if resume:
+            require_run(self.run_dir, "logging.run_dir", STATE_FILE)
         if not resume and (self.run_dir / "metrics.jsonl").exists():
             raise RlttError(f"logging.run_dir: {self.run_dir} already holds a run; pass --resume to continue it "
                             f"or choose another logging.run_dir")
         if self.ranks.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            clean_stale(self.run_dir / "checkpoints")  # .tmp-*/.staged-* of killed writes
         torch.manual_seed(recipe.seed)
         if recipe.train.threads:
             torch.set_num_threads(recipe.train.threads)
         r = recipe
         self.model_path = resolve_model_path(r.model.path)
         self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
-        self.runner = RewardRunner.from_specs([(s.fn, s.weight) for s in r.rewards], root=recipe_root)
+        self.runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in r.rewards], root=recipe_root)
         encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
         template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
         self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
@@ -82,7 +88,8 @@ class LocalTrainer:
             self._resume()
         self.logger = None  # rank 0's
         if self.ranks.main:
-            (self.run_dir / "recipe.yaml").write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
                                         resume_step=self.step if resume else None, config=to_dict(recipe))
 
@@ -124,6 +131,8 @@ class LocalTrainer:
 
         if self.ranks.main:
             atomic_dir(final, write)
+            prune_checkpoints(self.run_dir, self.recipe.checkpoint.keep_last, self.recipe.checkpoint.keep_every,
+                              STATE_FILE)
         self.ranks.barrier()  # the checkpoint is complete before any rank moves on
         return final
 
@@ -135,7 +144,7 @@ class LocalTrainer:
         ckpt = latest_checkpoint(self.run_dir, STATE_FILE)
         if ckpt is None:
             return
-        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        state = load_state_file(ckpt / STATE_FILE)  # tensors and plain data only: a file never runs code
         self.learner.load(ckpt)
         self.prompts.load_state_dict(state["prompts"])
         set_rng_state(state["rng"])
@@ -173,6 +182,7 @@ class LocalTrainer:
                 from rltt.telemetry import maybe_review
 
                 maybe_review(self.run_dir, self.step, r.logging.review_every)
+        self.runner.close()  # stop the reward workers
         if main:
             self.logger.close()
             if r.logging.review_at_end:

@@ -73,6 +73,13 @@ def _is_hub_id(value: str) -> bool:
 class RewardSpec:
     fn: str = "rewards/gsm8k.py:strict"
     weight: float = 1.0
+    timeout_s: float = 5.0  # per call; an isolated reward past it is killed and scores 0
+
+    def validate(self) -> None:
+        import math
+
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise recipe_error("rewards.timeout_s", f"must be a positive number of seconds, got {self.timeout_s}")
 
 
 @dataclass

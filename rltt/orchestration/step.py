@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from rltt.data.rewards import RewardRunner
+from rltt.data.rewards import RewardRunner, reward_error_metrics
 from rltt.learner import LearnerAPI, LearnerBatch
 from rltt.orchestration.distributed import Ranks
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
@@ -64,11 +64,12 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         "row_passes": float(stats.row_passes.sum()) if counted else 0.0, "tokens": stats.tokens if counted else 0,
         "uniform": int(groups.uniform.sum()), "groups": groups.num_groups,
         **{f"fn/{name}": values for name, values in scored.per_fn.items()},
+        **{f"err/{key}": n for key, n in reward_error_metrics(scored.errors, scored.per_fn).items()},
     }
     if thinking is not None:
         local.update({f"think/{k}": v for k, v in length_sums(rollout, thinking.close).items()})
     sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
-            *(k for k in local if k.startswith("think/")))
+            *(k for k in local if k.startswith(("think/", "err/"))))
     t = ranks.reduce(local, {k: "sum" if k in sums else "concat" for k in local})
     rewards, lengths = t["rewards"], t["lengths"]
     out = {
@@ -89,6 +90,7 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
     for name in scored.per_fn:
         values = t[f"fn/{name}"].tolist()
         out[m.reward_key(name)] = sum(values) / len(values)
+    out.update({k[len("err/"):]: v for k, v in t.items() if k.startswith("err/")})  # reward/errors/<fn>
     return out
 
 
@@ -172,6 +174,7 @@ class TrainingStep:
 
     def __call__(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        self.runner.step = step  # recorded with reward errors
         timed: dict[str, float] = {}
         with Timer(timed, m.TIME_ROLLOUT):
             groups, metrics = self.rollout(step)

@@ -78,9 +78,10 @@ def build_converted_model(recipe: ConvertRecipe, sources: Sources):
     return model, tokenizer
 
 
-def convert(recipe: ConvertRecipe, *, resume: bool = False, on_step=None) -> StageResult:
+def convert(recipe: ConvertRecipe, *, resume: bool = False, on_step=None, recipe_file=None) -> StageResult:
     """Run the conversion stage described by ``recipe``."""
-    return run_stage(recipe, build_converted_model, resume=resume, stage="convert", on_step=on_step)
+    return run_stage(recipe, build_converted_model, resume=resume, stage="convert", on_step=on_step,
+                     recipe_file=recipe_file)
 
 
 def load_convert_recipe(path=None, overrides=(), data=None) -> ConvertRecipe:

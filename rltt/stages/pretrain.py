@@ -28,9 +28,10 @@ def build_pretrain_model(recipe: PretrainRecipe, sources: Sources):
     return model, tokenizer
 
 
-def pretrain(recipe: PretrainRecipe, *, resume: bool = False, on_step=None) -> StageResult:
+def pretrain(recipe: PretrainRecipe, *, resume: bool = False, on_step=None, recipe_file=None) -> StageResult:
     """Run the pretraining stage described by ``recipe``."""
-    return run_stage(recipe, build_pretrain_model, resume=resume, stage="pretrain", on_step=on_step)
+    return run_stage(recipe, build_pretrain_model, resume=resume, stage="pretrain", on_step=on_step,
+                     recipe_file=recipe_file)
 
 
 def load_pretrain_recipe(path=None, overrides=(), data=None) -> PretrainRecipe:

@@ -25,13 +25,15 @@ from rltt.data.tokenizer import load_tokenizer
 from rltt.errors import RlttError
 from rltt.model import LoopedForCausalLM
 from rltt.stages import checkpoint as ckpt
+from rltt.stages import guard
 from rltt.stages.alarm import CollapseAlarm
 from rltt.stages.data import Sources, eval_problems, held_out_batches, open_sources, train_packer
 from rltt.stages.evaluate import held_out_metrics, solve_metrics, solve_rate
 from rltt.stages.losses import batch_loss
+from rltt.stages.paths import check_run_dir
 from rltt.stages.recipe import StageRecipe
 from rltt.stages.schedule import warmup_cosine
-from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema
+from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema, truncate_metrics
 
 FINAL_DIR = "final"
 SUMMARY_FILE = "summary.json"
@@ -83,9 +85,15 @@ def _unique_params(model):
 class StageRun:
     """One run of an LM stage: state, one optimizer step, logging, evaluation, checkpoints."""
 
-    def __init__(self, recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage"):
+    def __init__(self, recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage",
+                 recipe_file: str | Path | None = None):
         self.recipe, self.stage = recipe, stage
-        self.run_dir = Path(recipe.logging.run_dir)
+        self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {
+            "data.source": recipe.data.source, "tokenizer.path": recipe.tokenizer.path,
+            "model.dense_path": getattr(recipe.model, "dense_path", None), "the recipe file": recipe_file})
+        if resume:
+            ckpt.require_run(self.run_dir, "logging.run_dir")
+        ckpt.clean_stale(self.run_dir, self.run_dir / ckpt.CHECKPOINTS)  # what killed writes left
         t = recipe.train
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -112,6 +120,7 @@ class StageRun:
             min_ratio=recipe.optim.min_lr_ratio))
         a = recipe.alarm
         self.alarm = CollapseAlarm(a.p1_threshold, a.patience, a.min_step)
+        self.guard = guard.NonFiniteGuard(self.run_dir, t.max_consecutive_skips, ALARMS_FILE)
         self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
         if resume_from is not None:
             self._load_state(ckpt.load_trainer_state(resume_from))
@@ -123,14 +132,14 @@ class StageRun:
         self.problems = eval_problems(recipe.data, e.solve_problems) if recipe.data.is_synthetic else []
         # resuming (even from no checkpoint: step 0) drops the records of steps about to be redone
         self.logger = MetricsLogger(self.run_dir, resume_step=self.step if resume else None)
-        if resume and (self.alarm.fired or (self.run_dir / ALARMS_FILE).exists()):  # drop alarms to be redone
-            (self.run_dir / ALARMS_FILE).write_text("".join(json.dumps(a) + "\n" for a in self.alarm.fired))
+        if resume and (self.run_dir / ALARMS_FILE).exists():  # drop the alarms of steps about to be redone
+            truncate_metrics(self.run_dir / ALARMS_FILE, self.step)
         self.last_eval: dict = {}
 
     # -- state -----------------------------------------------------------------------------
     def _state(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "packer": self.packer.state_dict(), "alarm": self.alarm.state_dict(),
+                "packer": self.packer.state_dict(), "alarm": self.alarm.state_dict(), "guard": self.guard.state_dict(),
                 "tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "stage": self.stage}
 
     def _load_state(self, state: dict) -> None:
@@ -138,16 +147,20 @@ class StageRun:
         self.scheduler.load_state_dict(state["scheduler"])
         self.packer.load_state_dict(state["packer"])
         self.alarm.load_state_dict(state["alarm"])
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         self.tokens_seen, self.elapsed, self.step = state["tokens_seen"], state["elapsed"], state["step"]
         ckpt.set_rng_state(state["rng"])
 
     def save(self) -> Path:
+        c = self.recipe.checkpoint
         return ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, self._state(),
-                                    to_dict(self.recipe))
+                                    to_dict(self.recipe), keep_last=c.keep_last, keep_every=c.keep_every)
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self) -> dict:
-        """One optimizer step over ``grad_accum`` batches; returns its metrics."""
+        """One optimizer step over ``grad_accum`` batches; returns its metrics. A non-finite loss
+        or gradient skips the update (the non-finite guard; see :mod:`rltt.stages.guard`)."""
         t, o = self.recipe.train, self.recipe.optim
         start = time.perf_counter()
         results, probs = [], []
@@ -163,13 +176,16 @@ class StageRun:
             probs.append(exit_probs.detach().float().reshape(exit_probs.shape[0], -1))
             self.tokens_seen += batch.numel()
         norms = grad_norms(self.model)
-        if o.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(_unique_params(self.model), o.grad_clip)
+        reason = guard.check([r.loss for r in results], self.model)
+        if reason is None:
+            if o.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(_unique_params(self.model), o.grad_clip)
+            self.optimizer.step()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
+        self.guard.step(self.step, reason)
         seconds = time.perf_counter() - start
         self.elapsed += seconds
 
@@ -183,6 +199,7 @@ class StageRun:
         metrics.update(exit_stats(torch.cat(probs, dim=1)))
         metrics.update(norms)
         metrics[schema.LR] = lr
+        metrics.update(self.guard.metrics())
         metrics[schema.TIME_STEP] = seconds
         metrics[schema.THROUGHPUT_TOKENS_PER_S] = t.batch_size * t.grad_accum * self.recipe.data.block_size / seconds
         return metrics
@@ -223,6 +240,7 @@ class StageRun:
                     record.update(self.evaluate())
                 if record:
                     self.logger.log(self.step, record)
+                self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics[schema.LM_LOSS]:.3f}", p1=f"{metrics[schema.exit_p_key(1)]:.2f}",
                                 Et=f"{metrics[schema.EXIT_MEAN_STEP]:.2f}")
@@ -241,11 +259,12 @@ class StageRun:
             tmp, self.model, self.tokenizer, to_dict(self.recipe)))
         if not self.last_eval:
             self.last_eval = self._last_logged_eval()
+        alarms = sorted(self.alarm.fired + self.guard.fired, key=lambda a: a["step"])
         summary = {"stage": self.stage, "step": self.step, "tokens": self.tokens_seen,
-                   "train_seconds": round(self.elapsed, 2), "eval": self.last_eval, "alarms": self.alarm.fired,
-                   "final_dir": str(final)}
+                   "train_seconds": round(self.elapsed, 2), "eval": self.last_eval, "alarms": alarms,
+                   "skipped_steps": self.guard.skipped, "final_dir": str(final)}
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        return StageResult(self.run_dir, final, self.step, self.last_eval, list(self.alarm.fired), self.elapsed)
+        return StageResult(self.run_dir, final, self.step, self.last_eval, alarms, self.elapsed)
 
     def _last_logged_eval(self) -> dict:
         from rltt.telemetry import read_metrics
@@ -257,6 +276,8 @@ class StageRun:
 
 
 def run_stage(recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage",
-              on_step: Callable[[int, dict], None] | None = None) -> StageResult:
-    """Run (or resume) an LM stage to ``recipe.train.steps``; see :class:`StageRun`."""
-    return StageRun(recipe, build, resume=resume, stage=stage).run(on_step)
+              on_step: Callable[[int, dict], None] | None = None,
+              recipe_file: str | Path | None = None) -> StageResult:
+    """Run (or resume) an LM stage to ``recipe.train.steps``; see :class:`StageRun`.
+    ``recipe_file``: the user's recipe, which ``logging.run_dir`` must not overwrite."""
+    return StageRun(recipe, build, resume=resume, stage=stage, recipe_file=recipe_file).run(on_step)

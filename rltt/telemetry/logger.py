@@ -168,7 +168,8 @@ class MetricsLogger:
 
     ``resume_step``: the step of the checkpoint a resumed run continues from. The existing
     file is kept (append mode) but its records with ``step > resume_step`` are removed,
-    since those steps will be logged again. Without it, an existing file is appended to
+    since those steps will be logged again (``resume_step=0``, no checkpoint yet: all of
+    them, the step-0 record included). Without it, an existing file is appended to
     as is (a partial last line left by a crash is removed first, so it cannot corrupt the
     next record).
 
@@ -197,7 +198,8 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self.strict = strict_from_env() if strict is None else bool(strict)
         if resume_step is not None and self.path.exists():
-            truncate_metrics(self.path, resume_step)
+            # step 0 = no checkpoint: every record is redone, the step-0 (initial eval) one included
+            truncate_metrics(self.path, resume_step if resume_step > 0 else -1)
         elif self.path.exists():
             _drop_partial_tail(self.path)
         self._file = open(self.path, "a", encoding="utf-8")

@@ -104,6 +104,8 @@ EVAL_PREFIX = "eval/"
 # --------------------------------------------------------------------------- templates
 
 REWARD_FN = "reward/{fn}"
+REWARD_ERRORS_FN = "reward/errors/{fn}"
+GUARD_SKIPPED_STEPS = "guard/skipped_steps"
 GRAD_NORM_GROUP = "grad_norm/group/{name}"
 GRAD_NORM_LAYER = "grad_norm/layer/{i}"
 ENTROPY_LOOP = "entropy/loop_{t}"
@@ -118,6 +120,11 @@ def reward_key(fn: str) -> str:
     if fn in _RESERVED_REWARD_NAMES:
         raise ValueError(f"reward function name {fn!r} clashes with metric reward/{fn}")
     return REWARD_FN.format(fn=fn)
+
+
+def reward_errors_key(fn: str) -> str:
+    """``reward/errors/<fn>``: completions one reward function failed on (scored 0)."""
+    return REWARD_ERRORS_FN.format(fn=fn)
 
 
 def grad_group_key(name: str) -> str:
@@ -195,6 +202,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(REWARD_STD, "std of the total reward over the step's completions", "reward"),
     MetricSpec(REWARD_FN, "mean reward of one reward function (unweighted)", "reward"),
     MetricSpec(REWARD_ERRORS, "completions whose reward function raised (scored 0)", "count"),
+    MetricSpec(REWARD_ERRORS_FN, "completions one reward function failed on: raised, timed out, crashed or "
+               "returned a non-number (scored 0)", "count"),
+    MetricSpec(GUARD_SKIPPED_STEPS, "steps skipped by the non-finite guard so far (loss or gradient NaN/inf: "
+               "no weight change)", "count", "all"),
     MetricSpec(SOLVE_RATE,
                "fraction of the step's completions judged correct by the first reward function "
                "(LM stages: of the held-out samples, logged with eval/solve_rate)", "fraction",

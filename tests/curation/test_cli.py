@@ -75,3 +75,43 @@ def test_eval_writes_solve_rate_and_reward(recipe, tmp_path, capsys):
 
     assert main(["eval", str(recipe), "--samples", "0"]) == 2
     assert "--samples: must be >= 1" in capsys.readouterr().err
+
+
+def _gsm8k_file(path, n=3):
+    path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + 1?", "answer": f"#### {i + 1}"})
+                            + "\n" for i in range(n)))
+    return path
+
+
+def test_curate_never_overwrites_its_inputs(recipe, tmp_path, capsys):
+    source = _gsm8k_file(tmp_path / "train.jsonl")
+    before = source.read_bytes()
+    # --kept set to the data source: refused before any work, the training file untouched
+    assert curate(recipe, tmp_path / "c.jsonl", "--source", str(source), "--kept", str(source)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--kept" in err and "the data source" in err and "\n" not in err
+    assert source.read_bytes() == before
+    # --out set to the data source
+    assert curate(recipe, source, "--source", str(source)) == 2
+    assert "--out" in capsys.readouterr().err and source.read_bytes() == before
+    # --kept set to an existing file that is not a kept set of rltt curate
+    other = tmp_path / "notes.jsonl"
+    other.write_text('{"id": "x", "text": "mine"}\n')
+    assert curate(recipe, tmp_path / "d.jsonl", "--source", str(source), "--kept", str(other)) == 2
+    assert "was not written by this command" in capsys.readouterr().err
+    assert other.read_text() == '{"id": "x", "text": "mine"}\n'
+    # --kept set to the recipe file's path (a .jsonl recipe is still the recipe)
+    jsonl_recipe = tmp_path / "recipe.jsonl"
+    jsonl_recipe.write_text(recipe.read_text())
+    from rltt.curation.curate import CurationPaths
+    from rltt.errors import RlttError
+
+    with pytest.raises(RlttError, match="the recipe file"):
+        CurationPaths.for_output(tmp_path / "e.jsonl", jsonl_recipe, {"the recipe file": jsonl_recipe})
+
+
+def test_curate_rewrites_its_own_kept_set(recipe, tmp_path):
+    source = _gsm8k_file(tmp_path / "train.jsonl")
+    kept = tmp_path / "kept.jsonl"
+    assert curate(recipe, tmp_path / "c.jsonl", "--source", str(source), "--kept", str(kept), "--samples", "2") == 0
+    assert curate(recipe, tmp_path / "c2.jsonl", "--source", str(source), "--kept", str(kept), "--samples", "2") == 0

@@ -41,7 +41,7 @@ def test_short_pretrain_lowers_loss_and_writes_everything(tmp_path):
     assert (result.final_dir / "tokenizer.json").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == 30 and "eval/lm_loss" in summary["eval"]
-    assert [s for s, _ in list_checkpoints(run)] == [20, 30]  # keep 2
+    assert [s for s, _ in list_checkpoints(run)] == [10, 20, 30]  # checkpoint.keep_last = 3
 
 
 class Interrupt(Exception):
