@@ -75,7 +75,7 @@ def test_a_nan_step_changes_no_weights_and_the_run_goes_on(tmp_path, monkeypatch
 def test_lr_1e30_stops_with_one_line_and_finite_checkpoints(tmp_path):
     run = tmp_path / "run"
     recipe = tiny_pretrain_recipe(run, ["optim.lr=1e30", "optim.warmup_steps=0", "train.steps=20",
-                                        "train.save_every=1", "eval.solve_problems=0", "checkpoint.keep_last=0"])
+                                        "checkpoint.every=1", "eval.solve_problems=0", "checkpoint.keep_last=0"])
     with pytest.raises(RlttError) as info:
         pretrain(recipe)
     message = str(info.value)
@@ -168,7 +168,7 @@ def test_a_legacy_checkpoint_without_weights_is_invalid(finished, tmp_path):
 
 def test_retention_keep_last_and_keep_every(tmp_path):
     run = tmp_path / "run"
-    pretrain(tiny_pretrain_recipe(run, ["train.steps=7", "train.save_every=1", "eval.every=7",
+    pretrain(tiny_pretrain_recipe(run, ["train.steps=7", "checkpoint.every=1", "eval.every=7",
                                         "eval.solve_problems=0", "checkpoint.keep_last=2", "checkpoint.keep_every=3"]))
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [3, 6, 7]
     assert all(ckpt.validate_checkpoint(p) is None for _, p in ckpt.list_checkpoints(run))
@@ -187,7 +187,7 @@ def test_stale_writes_are_removed_and_an_interrupted_replace_is_restored(tmp_pat
 
 
 def test_resume_needs_a_run(tmp_path):
-    with pytest.raises(RlttError, match="no run in output_dir") as info:
+    with pytest.raises(RlttError, match="no run in logging.run_dir") as info:
         pretrain(tiny_pretrain_recipe(tmp_path / "nothing-here"), resume=True)
     assert "\n" not in str(info.value)
 
@@ -210,14 +210,14 @@ def test_run_dir_refuses_inputs_and_files(tmp_path):
     recipe = tmp_path / "summary.json"
     recipe.write_text("{}")
     with pytest.raises(RlttError, match="would overwrite the recipe file"):
-        check_run_dir(tmp_path, "output_dir", {"the recipe file": recipe})
+        check_run_dir(tmp_path, "logging.run_dir", {"the recipe file": recipe})
     data = tmp_path / "data.jsonl"
     data.write_text("{}\n")
-    with pytest.raises(RlttError, match="output_dir: .* is a file"):
-        check_run_dir(data, "output_dir")
+    with pytest.raises(RlttError, match="logging.run_dir: .* is a file"):
+        check_run_dir(data, "logging.run_dir")
     with pytest.raises(RlttError, match="is data.source"):
         check_run_dir(tmp_path, "logging.run_dir", {"data.source": tmp_path})
-    assert check_run_dir(tmp_path / "run", "output_dir", {"the recipe file": recipe, "data.source": "synthetic"})
+    assert check_run_dir(tmp_path / "run", "logging.run_dir", {"the recipe file": recipe, "data.source": "synthetic"})
     with pytest.raises(RlttError, match="is inside the data source"):
         check_output_file(tmp_path / "x.jsonl", "--kept", {"the data source": tmp_path})
 
@@ -225,7 +225,7 @@ def test_run_dir_refuses_inputs_and_files(tmp_path):
 def test_output_dir_that_is_a_file_is_one_line(tmp_path):
     target = tmp_path / "out"
     target.write_text("not a dir")
-    with pytest.raises(RlttError, match="output_dir: .* is a file") as info:
+    with pytest.raises(RlttError, match="logging.run_dir: .* is a file") as info:
         pretrain(tiny_pretrain_recipe(target))
     assert "\n" not in str(info.value) and target.read_text() == "not a dir"
 
@@ -249,8 +249,8 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
     from .helpers import tiny_pretrain_data
 
     steps = 10
-    extra = {"train": {"steps": steps, "batch_size": 4, "log_every": 1, "save_every": 1, "progress": False,
-                       "threads": 1}, "eval": {"every": 5, "loss_batches": 1, "solve_problems": 0}}
+    extra = {"train": {"steps": steps, "batch_size": 4, "threads": 1}, "logging": {"every": 1, "progress": False},
+             "checkpoint": {"every": 1}, "eval": {"every": 5, "loss_batches": 1, "solve_problems": 0}}
     reference = tmp_path / "reference"
     pretrain(load_stage_recipe("pretrain", data=tiny_pretrain_data(reference, **extra)))
 
