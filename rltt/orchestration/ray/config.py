@@ -1,0 +1,95 @@
+"""The ``orchestration`` recipe section: where the training step's engine and learner run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rltt.config import recipe_error
+
+BACKENDS = ("local", "ray")
+SYNCS = ("object_store",)
+
+
+@dataclass
+class RaySection:
+    """``orchestration.ray``.
+
+    - ``address``: an existing cluster (``auto``, ``ray://host:10001``, ``host:6379``); None
+      starts a local one (no dashboard, ``object_store_mb`` of object store).
+    - ``rollout_workers`` / ``learners``: actor counts. Several learners form one
+      torch.distributed group (gloo on CPU, NCCL on GPU) and need ``learner.backend=deepspeed``.
+    - ``num_cpus`` / ``num_gpus``: resources each actor reserves (0 CPUs: actors only share
+      the machine; torch in an actor runs ``max(1, num_cpus)`` threads).
+    - ``timeout_s``: the longest any wait on the cluster may take (scheduling, a call, a
+      restart); past it the run stops with a one-line error instead of hanging.
+    - ``max_restarts``: how often Ray restarts a dead actor; a dead rollout worker's shard is
+      re-issued once it is back (calls are never retried silently).
+    - ``sync``: how weights reach the rollout workers each step (``object_store``).
+    """
+
+    address: str | None = None
+    rollout_workers: int = 1
+    learners: int = 1
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    timeout_s: float = 300.0
+    max_restarts: int = 3
+    object_store_mb: int = 256
+    sync: str = "object_store"
+
+    def validate(self) -> None:
+        for key in ("rollout_workers", "learners"):
+            if getattr(self, key) < 1:
+                raise recipe_error(f"orchestration.ray.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("num_cpus", "num_gpus", "max_restarts"):
+            if getattr(self, key) < 0:
+                raise recipe_error(f"orchestration.ray.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if self.timeout_s <= 0:
+            raise recipe_error("orchestration.ray.timeout_s", f"must be > 0, got {self.timeout_s}")
+        if self.object_store_mb < 64:
+            raise recipe_error("orchestration.ray.object_store_mb", f"must be >= 64, got {self.object_store_mb}")
+        if self.sync not in SYNCS:
+            raise recipe_error("orchestration.ray.sync", f"must be one of {' | '.join(SYNCS)} (a GPU broadcast "
+                                                         f"path is planned), got {self.sync!r}")
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.num_cpus))
+
+
+@dataclass
+class OrchestrationSection:
+    """``orchestration``: ``backend`` local (one process, or torchrun ranks) | ray; ``overlap`` 1
+    samples step k+1's rollouts while step k learns (one step off-policy; the learner's ratio is
+    against the recorded sampler log-probs)."""
+
+    backend: str = "local"
+    overlap: int = 0
+    ray: RaySection = field(default_factory=RaySection)
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise recipe_error("orchestration.backend", f"must be one of {' | '.join(BACKENDS)}, got {self.backend!r}")
+        if self.overlap not in (0, 1):
+            raise recipe_error("orchestration.overlap", f"must be 0 or 1, got {self.overlap}")
+        if self.overlap and self.backend != "ray":
+            raise recipe_error("orchestration.overlap", "1 needs orchestration.backend=ray (rollouts run on "
+                                                        "their own actors while the learner updates)")
+
+
+def check_recipe(recipe) -> None:
+    """Cross-section checks of a Ray run (one-line `ConfigError` naming the key)."""
+    o = recipe.orchestration
+    ray = o.ray
+    if ray.learners > 1 and recipe.learner.backend != "deepspeed":
+        raise recipe_error("orchestration.ray.learners", f"{ray.learners} learners need learner.backend=deepspeed "
+                                                         f"(the torch backend trains in one process)")
+    if recipe.rollout.prompts_per_step % ray.learners:
+        raise recipe_error("orchestration.ray.learners", f"{ray.learners} does not divide rollout.prompts_per_step="
+                                                         f"{recipe.rollout.prompts_per_step} (each learner takes "
+                                                         f"whole groups)")
+    a = recipe.algorithm
+    if o.overlap and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.tis_cap is not None):
+        raise recipe_error("orchestration.overlap", "1 trains on rollouts one step old: it needs the ratio against "
+                                                    "the sampler's log-probs (algorithm.policy_logprob=exit with "
+                                                    "hybrid_logprob=true, or algorithm.tis_cap)")
