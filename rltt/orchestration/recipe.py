@@ -9,6 +9,7 @@ from typing import Any
 from rltt.config import load_recipe, recipe_error
 from rltt.data.gsm8k import DEFAULT_TEMPLATE
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
+from rltt.orchestration.ray.config import OrchestrationSection
 from rltt.rollout.params import SCHEDULES
 
 
@@ -134,6 +135,7 @@ class TrainRecipe:
     train: TrainSection = field(default_factory=TrainSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    orchestration: OrchestrationSection = field(default_factory=OrchestrationSection)
     seed: int = 0
 
     def validate(self) -> None:
