@@ -33,7 +33,7 @@ from rltt.curation.store import (RecordJournal, read_parquet_records, refuse_rec
 from rltt.data.gsm8k import DEFAULT_TEMPLATE
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
-from rltt.orchestration.groups import score_rollout, solved
+from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.prompts import make_task
 from rltt.rollout import RolloutEngine, SamplingParams
 
@@ -228,17 +228,17 @@ def _sample_prompts(job: CurationJob, records: list[dict], engine: RolloutEngine
     params = replace(job.sampling, n=job.samples, prompt_seeds=[prompt_seed(job.seed, t.id) for t in tasks])
     rollout = engine.generate([t.prompt_ids for t in tasks], params)
     scored = score_rollout(rollout, tasks, decode, runner)
+    solved = scored.solved(runner.names[0])
     out = []
     for i, (task, record) in enumerate(zip(tasks, records)):
-        groups = scored.select_groups([i])
-        flags = solved(groups, runner.names[0])
         rows = slice(i * job.samples, (i + 1) * job.samples)
+        flags = solved[rows].tolist()
         mask = rollout.completion_mask[rows]
         tokens = int(mask.sum())
         rate = sum(flags) / len(flags)
         out.append({
             "id": task.id, "question": record["question"], "answer": record["answer"], "prompt": task.prompt,
-            "solve_rate": rate, "rewards": [float(r) for r in groups.rewards], "solved": [bool(f) for f in flags],
+            "solve_rate": rate, "rewards": scored.rewards[rows].tolist(), "solved": [bool(f) for f in flags],
             "mean_exit_step": float(rollout.exit_steps[rows][mask].float().sum()) / tokens if tokens else 0.0,
             "mean_length": tokens / len(flags),
             "reward_errors": sum(e.prompt_id == task.id for e in scored.errors),

@@ -3,7 +3,9 @@
 A backend owns the optimizer (and, for DeepSpeed, the engine). One optimizer step is
 ``backward(loss)`` for each of ``accumulation`` micro-batches (losses already weighted to
 sum to the batch loss), then ``step()``, which clips, updates, advances the LR schedule and
-returns the gradient norm before clipping.
+returns the gradient norm before clipping. ``full_state_dict(module)`` gives a module's full
+tensors (gathered when ZeRO-3 partitions them: a collective), ``save`` / ``load`` the
+optimizer state (DeepSpeed: every rank its shard, into the same directory).
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ class _Backend:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    #: parameters are partitioned across ranks (ZeRO-3): full tensors need a gather
+    partitioned: bool = False
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return module.state_dict()
 
 
 class TorchBackend(_Backend):
@@ -124,6 +132,16 @@ class DeepSpeedBackend(_Backend):
                                                                  config=ds_config)
         self.module = self.engine.module
         self.forward_model = self.engine  # forwards go through the engine (ZeRO-3 bookkeeping)
+        self.partitioned = cfg.zero_stage == 3
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``module``'s tensors; under ZeRO-3 gathered from every rank's partition (a collective)."""
+        if not self.partitioned:
+            return module.state_dict()
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # micro-batch losses are already weighted

@@ -20,7 +20,7 @@ class LearnerBatch:
     attention_mask: torch.Tensor  # (B, S) long/bool
     target_mask: torch.Tensor  # (B, S) bool
     exit_steps: torch.Tensor  # (B, S) long
-    advantages: torch.Tensor  # (B,) float
+    advantages: torch.Tensor | None = None  # (B,) float; set once per step, before the update
     sampler_logprobs: torch.Tensor | None = None  # (B, S) float
     old_logprobs: torch.Tensor | None = None  # (B, S) learner's log-prob at the rollout weights
     ref_logprobs: torch.Tensor | None = None  # (B, S) reference model's log-prob (for KL)
@@ -37,6 +37,44 @@ class LearnerBatch:
             value = getattr(self, f.name)
             out[f.name] = value[rows] if isinstance(value, torch.Tensor) else value
         return LearnerBatch(**out)
+
+    @classmethod
+    def from_rollout(cls, rollout, advantages: torch.Tensor | None = None) -> "LearnerBatch":
+        """The rows of a `RolloutBatch` as the learner scores them: prompt + completion, right-padded
+        (`RolloutBatch.padded_sequences`), the completion tokens marked, with their recorded exit
+        steps and the sampler's tempered log-probs at their positions."""
+        ids, attention, start = rollout.padded_sequences()
+        rows, width = rollout.completion_ids.shape
+        keep = rollout.completion_mask
+        row = torch.arange(rows)[:, None].expand(rows, width)[keep]
+        pos = (start[:, None] + torch.arange(width)[None, :])[keep]
+        target = torch.zeros(ids.shape, dtype=torch.bool)
+        target[row, pos] = True
+        exits = torch.ones(ids.shape, dtype=torch.long)
+        exits[row, pos] = rollout.exit_steps[keep]
+        sampler = torch.zeros(ids.shape, dtype=torch.float32)
+        sampler[row, pos] = rollout.tempered_logprobs[keep].float()
+        return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
+                   advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
+                   temperature=rollout.params.temperature)
+
+    @classmethod
+    def cat(cls, batches: list["LearnerBatch"], pad_id: int = 0) -> "LearnerBatch":
+        """The rows of ``batches`` in order, right-padded to the widest (padding as `from_rollout`)."""
+        width = max(b.input_ids.shape[1] for b in batches)
+        fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1,
+                "sampler_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0}
+        out = {}
+        for f in fields(cls):
+            values = [getattr(b, f.name) for b in batches]
+            if f.name in fill and values[0] is not None:
+                out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill[f.name])
+                                         for v in values])
+            elif f.name == "advantages" and values[0] is not None:
+                out[f.name] = torch.cat(values)
+            else:
+                out[f.name] = values[0]
+        return cls(**out)
 
     def micro_batches(self, size: int):
         for start in range(0, self.size, size):

@@ -1,6 +1,11 @@
-"""The RL learner: scores a `LearnerBatch`, builds the loss and updates the policy.
+"""The RL learner: owns the policy's optimisation, its frozen reference and its learned extras.
 
-One ``train_step``:
+`Learner` is the interface the training step talks to (a torch process, a torchrun/DeepSpeed
+group and a Ray learner group all provide it): ``update(batch) -> metrics`` (``version`` + 1),
+``sequence_kl``, ``rollout_state_dict() -> (version, tensors)`` for the engines, and
+``save`` / ``load`` of everything a resumed run needs.
+
+One ``update``:
 1. at the rollout weights, without gradients: each token's policy log-prob (``old``), the
    sampler–learner mismatch of the exit log-prob, the reference log-prob for the KL, and the
    per-loop entropy / exit telemetry;
@@ -12,15 +17,19 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from rltt.errors import ConfigError
 from rltt.learner.backends import make_backend
 from rltt.learner.batch import LearnerBatch
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
 from rltt.learner.scoring import score_tokens, unwrap
 from rltt.objectives import kl_estimate, policy_logprob
+from rltt.orchestration.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
 from rltt.telemetry import schema as m
 
@@ -47,46 +56,87 @@ class _LoopTelemetry:
 
     def metrics(self, batch: LearnerBatch, world: int = 1) -> dict[str, float]:
         """Over the global batch: with ``world`` > 1 data-parallel ranks, every rank's tokens are
-        gathered first (a collective: all ranks call it)."""
-        entropies, exits = torch.cat(self.entropies, 1).cpu(), torch.cat(self.exits, 1).cpu()
-        mismatch = None
+        concatenated in rank order first (a collective: all ranks call it)."""
+        values = {"entropy": torch.cat(self.entropies, 1).cpu().T, "exit": torch.cat(self.exits, 1).cpu().T}
         if batch.sampler_logprobs is not None:
             mask = batch.target_mask.bool()
-            mismatch = (torch.cat(self.exit_lps)[mask].cpu(), batch.sampler_logprobs[mask].cpu())
-        if world > 1:
-            gathered = [None] * world
-            torch.distributed.all_gather_object(gathered, (entropies, exits, mismatch))
-            entropies = torch.cat([g[0] for g in gathered], 1)
-            exits = torch.cat([g[1] for g in gathered], 1)
-            if mismatch is not None:
-                mismatch = tuple(torch.cat([g[2][i] for g in gathered]) for i in range(2))
+            values["learner"] = torch.cat(self.exit_lps)[mask].cpu()
+            values["sampler"] = batch.sampler_logprobs[mask].cpu()
+        values = reduce_ranks(values, "concat", world)
         out = {}
-        out.update(entropy_stats(entropies))
-        out.update(exit_stats(exits))
-        if mismatch is not None:
-            out.update(mismatch_stats(*mismatch))
+        out.update(entropy_stats(values["entropy"].T))
+        out.update(exit_stats(values["exit"].T))
+        if "sampler" in values:
+            out.update(mismatch_stats(values["learner"], values["sampler"]))
         return out
 
 
+#: cross-rank (and cross-micro-batch) reduction of each loss statistic; the others are means
+#: (each rank's weighted sum is its share of the global batch times the world size)
+STAT_OPS = {"ratio_max": "max", "ratio_min": "min"}
+#: the file of `Learner.save` holding the learner's own state
+LEARNER_STATE = "learner_state.pt"
+LOOP_WEIGHTS = "loop_weight_logits"
+
+
+class PolicyModule(torch.nn.Module):
+    """What the optimiser trains: the policy (``module``) plus the trainable tensors the learner
+    owns beside it — the learned loop weights ``loop_weight_logits`` (T,) for ω = ``learned``.
+    Registered on one module, so every backend optimises and all-reduces them with the policy,
+    while the policy's own ``state_dict`` keeps exactly the `LoopedForCausalLM` names."""
+
+    def __init__(self, model: torch.nn.Module, learned_loops: int | None = None):
+        super().__init__()
+        self.module = model
+        if learned_loops is not None:
+            self.loop_weight_logits = torch.nn.Parameter(torch.zeros(learned_loops))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
 class Learner:
+    """The RL learner of one process, or of this rank in a DeepSpeed data-parallel group.
+
+    ``model`` is trained in place (the torch backend; cast to ``cfg.dtype``) or handed to
+    DeepSpeed. ``rollout_dtype``: the dtype the engines run in (``rollout_state_dict`` casts to
+    it; default: the model's dtype as given). The frozen reference (for ``kl_coef > 0`` or
+    ``track_kl``) is a copy of ``model`` as given, made here: a resumed run builds its learner
+    from the same starting policy, then `load`s the checkpoint.
+    """
+
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
-                 max_len: int, ref_model: torch.nn.Module | None = None):
+                 max_len: int, rollout_dtype: torch.dtype | None = None):
         self.cfg, self.algo, self.max_len = cfg, algo, max_len
         self.batch_size = batch_size
         self.micro = min(cfg.micro_batch_size, batch_size)
         self.accumulation = math.ceil(batch_size / self.micro)
+        self.version = 0
+        self.rollout_dtype = rollout_dtype or next(model.parameters()).dtype
+        learned = algo.omega == "learned"
+        if learned and cfg.backend == "deepspeed" and cfg.zero_stage == 3:
+            raise ConfigError("algorithm.omega: 'learned' loop weights are not supported with learner.zero_stage=3 "
+                              "(use zero_stage 0-2)")
         needs_ref = algo.kl_coef > 0 or algo.track_kl
-        self.ref_model = (ref_model or frozen_copy(model)) if needs_ref else None
-        self.learned_logits = None
-        if algo.omega == "learned":
-            model.loop_weight_logits = torch.nn.Parameter(torch.zeros(model.config.num_loops))
-            self.learned_logits = model.loop_weight_logits
+        self.ref_model = frozen_copy(model) if needs_ref else None
+        policy = PolicyModule(model, model.config.num_loops if learned else None)
         if cfg.dtype == "bf16" and cfg.backend == "torch":
-            model = model.to(torch.bfloat16)
-        self.backend = make_backend(model, cfg, self.accumulation)
-        self.model = self.backend.module
+            policy = policy.to(torch.bfloat16)
+        self.backend = make_backend(policy, cfg, self.accumulation)
+        self.model = self.backend.module  # the PolicyModule
+        self.learned_logits = getattr(self.model, LOOP_WEIGHTS, None)
         if self.ref_model is not None:
             self.ref_model.to(next(self.model.parameters()).dtype)
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The `LoopedForCausalLM` being trained (partitioned under ZeRO-3)."""
+        return unwrap(self.model)
+
+    @property
+    def main(self) -> bool:
+        """The rank that writes the learner's files (rank 0; the only one without DeepSpeed)."""
+        return self._data_parallel_world() == 1 or torch.distributed.get_rank() == 0
 
     def _score(self, model: torch.nn.Module, mb: LearnerBatch):
         return score_tokens(model, mb, pack=self.cfg.pack_sequences)
@@ -98,9 +148,9 @@ class Learner:
     # -- 1. at the rollout weights ------------------------------------------------------------
     @torch.no_grad()
     def prepare(self, batch: LearnerBatch, policy: bool = True) -> tuple[LearnerBatch, dict[str, float]]:
-        """Fill ``ref_logprobs`` and, with ``policy``, ``old_logprobs`` plus the loop telemetry
-        measured at the rollout weights. (With one update per batch the training pass itself is
-        at the rollout weights, so ``train_step`` skips the policy pass here.)"""
+        """The batch with ``ref_logprobs`` and, with ``policy``, ``old_logprobs``, plus the loop
+        telemetry measured at the rollout weights. (With one update per batch the training pass
+        itself is at the rollout weights, so ``update`` skips the policy pass here.)"""
         olds, refs, seen = [], [], _LoopTelemetry()
         self.model.eval()
         for mb in batch.micro_batches(self.micro):
@@ -112,8 +162,8 @@ class Learner:
                 ref_scores = self._score(self.ref_model, mb)
                 refs.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         self.model.train()
-        batch.old_logprobs = torch.cat(olds) if olds else None
-        batch.ref_logprobs = torch.cat(refs) if refs else None
+        batch = replace(batch, old_logprobs=torch.cat(olds) if olds else None,
+                        ref_logprobs=torch.cat(refs) if refs else None)
         return batch, seen.metrics(batch, self._data_parallel_world()) if policy else {}
 
     @torch.no_grad()
@@ -132,9 +182,7 @@ class Learner:
 
     def _data_parallel_world(self) -> int:
         """Ranks averaging gradients: DeepSpeed's process group; 1 for the torch backend."""
-        if self.cfg.backend == "deepspeed" and torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_world_size()
-        return 1
+        return world_size() if self.cfg.backend == "deepspeed" else 1
 
     def _size(self, batch: LearnerBatch) -> float:
         """What the aggregation averages over: tokens (token_mean) or sequences."""
@@ -144,45 +192,25 @@ class Learner:
         """The global batch's size (across data-parallel ranks) over the world size: DeepSpeed
         averages gradients across ranks, so a micro-batch's weight is its share of the global
         batch times the world size."""
-        local, world = self._size(batch), self._data_parallel_world()
-        if world > 1:
-            total = torch.tensor([local], dtype=torch.float64)
-            torch.distributed.all_reduce(total)
-            local = float(total)
-        return max(local, 1.0) / world
-
-    def _across_ranks(self, totals: dict[str, float]) -> dict[str, float]:
-        """Batch-level values: each rank's weighted sum is its share × world, so the mean over
-        ranks is the global value; ``*_max`` / ``*_min`` keys take the max / min over ranks
-        (identity in one process)."""
         world = self._data_parallel_world()
-        if world == 1:
-            return totals
-        out = {}
-        for op, keys in ((torch.distributed.ReduceOp.MAX, [k for k in totals if k.endswith("_max")]),
-                         (torch.distributed.ReduceOp.MIN, [k for k in totals if k.endswith("_min")]),
-                         (torch.distributed.ReduceOp.SUM, [k for k in totals if not k.endswith(("_max", "_min"))])):
-            if not keys:
-                continue
-            values = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
-            torch.distributed.all_reduce(values, op=op)
-            if op == torch.distributed.ReduceOp.SUM:
-                values /= world
-            out.update(zip(keys, values.tolist()))
-        return out
+        total = reduce_ranks({"size": self._size(batch)}, "sum", world)["size"]
+        return max(total, 1.0) / world
 
     # -- 2. the updates -------------------------------------------------------------------
-    def train_step(self, batch: LearnerBatch) -> dict[str, float]:
+    def update(self, batch: LearnerBatch) -> dict[str, float]:
+        """μ = ``ppo_epochs`` optimizer steps on ``batch`` (this rank's rows of the step's batch);
+        returns the metrics of the global batch and bumps ``version``."""
         if batch.size != self.batch_size:
             raise ValueError(f"learner: batch of {batch.size} sequences, configured for {self.batch_size} per rank")
+        if batch.advantages is None:
+            raise ValueError("learner: the batch has no advantages")
         batch = batch.to(self.device)
         one_pass = self.algo.ppo_epochs == 1
         batch, metrics = self.prepare(batch, policy=not one_pass)
         normalizer = self._normalizer(batch)
         seen = _LoopTelemetry()
         for _ in range(self.algo.ppo_epochs):
-            totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
-            stats: dict[str, float] = {}
+            totals: dict[str, float] = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
             for mb in batch.micro_batches(self.micro):
                 weight = self._size(mb) / normalizer
                 scores = self._score(self.backend.forward_model, mb)
@@ -194,37 +222,81 @@ class Learner:
                 totals["policy"] += float(out.policy_loss) * weight
                 totals["kl"] += float(out.kl) * weight
                 for key, value in out.stats.items():
-                    if key.endswith("_max"):
-                        stats[key] = max(stats.get(key, -math.inf), value)
-                    elif key.endswith("_min"):
-                        stats[key] = min(stats.get(key, math.inf), value)
+                    op = STAT_OPS.get(key, "mean")
+                    if op == "max":
+                        totals[key] = max(totals.get(key, -math.inf), value)
+                    elif op == "min":
+                        totals[key] = min(totals.get(key, math.inf), value)
                     else:
-                        stats[key] = stats.get(key, 0.0) + value * weight
+                        totals[key] = totals.get(key, 0.0) + value * weight
             metrics.update(self.backend.step())
-        totals = self._across_ranks(totals)
-        stats = self._across_ranks(stats)
+        totals = reduce_ranks(totals, {key: STAT_OPS.get(key, "mean") for key in totals},
+                              self._data_parallel_world())
         if one_pass:
             metrics.update(seen.metrics(batch, self._data_parallel_world()))
         metrics.update({
             m.LOSS_TOTAL: totals["loss"],
             m.LOSS_POLICY: totals["policy"],
-            m.POLICY_CLIP_FRAC: stats["clip_fraction"],
-            m.POLICY_RATIO_MEAN: stats["ratio_mean"],
-            m.POLICY_RATIO_MAX: stats["ratio_max"],
-            m.POLICY_RATIO_MIN: stats["ratio_min"],
+            m.POLICY_CLIP_FRAC: totals["clip_fraction"],
+            m.POLICY_RATIO_MEAN: totals["ratio_mean"],
+            m.POLICY_RATIO_MAX: totals["ratio_max"],
+            m.POLICY_RATIO_MIN: totals["ratio_min"],
             m.LR: self.backend.lr,
         })
         if batch.ref_logprobs is not None:
             metrics[m.KL_REF] = totals["kl"]
             metrics[m.LOSS_KL] = totals["kl"] * self.algo.kl_coef if self.algo.kl_in == "loss" else 0.0
+        self.version += 1
         return metrics
 
-    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        """The weights the rollout engines load (full tensors, even under ZeRO-3)."""
-        model = unwrap(self.model)
-        if self.cfg.backend == "deepspeed" and self.cfg.zero_stage == 3:
-            import deepspeed
+    # -- 3. weights out, checkpoints ----------------------------------------------------------
+    def rollout_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(version, tensors)`` for `RolloutEngine.load_weights`: the policy's full tensors
+        (gathered under ZeRO-3 — a collective, every rank calls it) in the engines' dtype, plus
+        ``loop_weight_logits`` with learned loop weights. Tensors already in that dtype are the
+        learner's own (no copy), so an engine sharing the model loads them for free."""
+        tensors = self.backend.full_state_dict(self.policy)
 
-            with deepspeed.zero.GatheredParameters(list(model.parameters())):
-                return {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return model.state_dict()
+        def cast(t: torch.Tensor) -> torch.Tensor:
+            t = t.detach()
+            return t.to(self.rollout_dtype) if t.is_floating_point() else t
+
+        out = {name: cast(t) for name, t in tensors.items()}
+        if self.learned_logits is not None:
+            out[LOOP_WEIGHTS] = cast(self.learned_logits).clone()
+        return self.version, out
+
+    def save(self, directory: str | Path) -> None:
+        """Everything a resumed learner needs, into ``directory`` (the same path on every rank; a
+        collective): the policy as a loadable model directory (weights gathered under ZeRO-3),
+        the optimizer (DeepSpeed: every rank its shard), ``version`` and the learned loop weights."""
+        directory = Path(directory)
+        weights = self.backend.full_state_dict(self.policy) if self.backend.partitioned else None
+        if self.main:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.backend.save(directory)
+        if self.main:
+            self.policy.save_pretrained(directory, safe_serialization=True, state_dict=weights)
+            state = {"version": self.version}
+            if self.learned_logits is not None:
+                state[LOOP_WEIGHTS] = self.learned_logits.detach().float().cpu().clone()
+            torch.save(state, directory / LEARNER_STATE)
+        if self._data_parallel_world() > 1:
+            torch.distributed.barrier()  # the directory is complete before any rank moves on
+
+    def load(self, directory: str | Path) -> None:
+        """Resume from a directory `save` wrote (a collective under DeepSpeed)."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not self.backend.partitioned:  # ZeRO-3's partitions come back from its own checkpoint
+            weights = {}
+            for f in sorted(directory.glob("*.safetensors")):
+                weights.update(load_file(str(f)))
+            self.policy.load_state_dict(weights, strict=False)
+        state = torch.load(directory / LEARNER_STATE, weights_only=False) if (directory / LEARNER_STATE).exists() else {}
+        if self.learned_logits is not None and LOOP_WEIGHTS in state:
+            with torch.no_grad():
+                self.learned_logits.copy_(state[LOOP_WEIGHTS])
+        self.backend.load(directory)
+        self.version = int(state.get("version", 0))

@@ -23,12 +23,8 @@ __all__ = [
     "PolicyLoss",
     "aggregate",
     "group_advantages",
-    "group_rows",
     "kl_estimate",
-    "kl_loss",
-    "kl_penalised_rewards",
     "policy_loss",
-    "select_informative_groups",
     "uniform_groups",
 ]
 
@@ -64,21 +60,6 @@ def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """
     grouped = _grouped(rewards, group_size)
     return grouped.amax(dim=1) == grouped.amin(dim=1)
-
-
-def select_informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Indices (long, ascending) of the groups whose rewards are not all equal.
-
-    The selection step of dynamic sampling (DAPO): keep these groups, drop the rest, and
-    refill the batch with new prompts. :func:`group_rows` turns them into row indices.
-    """
-    return torch.nonzero(~uniform_groups(rewards, group_size), as_tuple=False).flatten()
-
-
-def group_rows(group_indices: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Row indices (long) of the given groups: group g → rows g*G .. g*G + G − 1, in order."""
-    offsets = torch.arange(group_size, device=group_indices.device)
-    return (group_indices.long().unsqueeze(1) * group_size + offsets).flatten()
 
 
 @dataclass
@@ -341,45 +322,3 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") ->
         return 0.5 * diff.square()
     neg = -diff
     return torch.expm1(neg) - neg
-
-
-def kl_loss(
-    logp: torch.Tensor,
-    ref_logp: torch.Tensor,
-    mask: torch.Tensor,
-    coef: float,
-    kind: str = "k3",
-    agg: str = "token_mean",
-    max_len: int | None = None,
-) -> torch.Tensor:
-    """"KL in the loss": ``coef · aggregate(kl_estimate(logp, ref_logp, kind), mask, agg)``.
-
-    Differentiable in ``logp``; ``ref_logp`` (frozen reference) is detached. Add it to the
-    policy loss. RLTT puts it on the final loop's log-prob; any definition works.
-    """
-    kl = kl_estimate(logp, ref_logp.detach(), kind)
-    return coef * aggregate(kl, mask, agg, max_len)
-
-
-def kl_penalised_rewards(
-    rewards: torch.Tensor,
-    logp: torch.Tensor,
-    ref_logp: torch.Tensor,
-    mask: torch.Tensor,
-    coef: float,
-    kind: str = "k1",
-) -> torch.Tensor:
-    """"KL in the reward": ``r_b − coef · Σ_j m_bj · kl_bj`` (B,), detached.
-
-    Apply before :func:`group_advantages`. The default k1 sums to the sequence log-ratio
-    log π(y) − log π_ref(y), the classic RLHF penalty.
-    """
-    if rewards.dim() != 1 or rewards.shape[0] != logp.shape[0]:
-        raise RlttError(f"kl_penalised_rewards: rewards shape {tuple(rewards.shape)} does not match logp rows {logp.shape[0]}")
-    if mask.shape != logp.shape:
-        raise RlttError(f"kl_penalised_rewards: mask shape {tuple(mask.shape)} != logp shape {tuple(logp.shape)}")
-    with torch.no_grad():
-        kl = kl_estimate(logp.detach(), ref_logp.detach(), kind)
-        per_seq = torch.where(mask.bool(), kl, torch.zeros_like(kl)).sum(dim=-1)
-        base = rewards if rewards.dtype.is_floating_point else rewards.float()
-        return base - coef * per_seq.to(base.dtype)

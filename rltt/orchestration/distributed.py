@@ -1,25 +1,90 @@
-"""Data-parallel `rltt train`: this process's rank, its share of a step's prompts, and the few
-collectives the loop needs.
+"""Data-parallel `rltt train`: this process's rank, its share of a step's prompts, and the one
+cross-rank reduction every statistic goes through.
 
 Under ``torchrun`` with ``learner.backend: deepspeed`` every rank draws the same global prompt
 list (so the prompt stream, and with it ``--resume``, stays identical everywhere) and keeps
 its contiguous share; DeepSpeed averages the gradients. The collectives go through the
 process group DeepSpeed initialised (gloo on CPU, NCCL on GPU); with one process they are
 identities, so a single-process run does exactly what it did before.
+
+`combine` / `reduce_ranks` are the only way values are merged across ranks (rollout metrics,
+evaluation sums, learner statistics): each key names its operation explicitly.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from rltt.errors import ConfigError
 
-#: rank r samples with seed ``step_seed + r * RANK_SEED_STRIDE`` (rank 0 keeps the step seed)
-RANK_SEED_STRIDE = 1_000_000_000_039
+#: the reductions `combine` and `reduce_ranks` know
+REDUCE_OPS = ("sum", "mean", "max", "min", "concat")
+
+
+def _concat(values: Sequence[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([torch.as_tensor(v) for v in values])
+    if isinstance(first, Mapping):  # disjoint keys per rank (e.g. per-task rates): their union
+        out: dict = {}
+        for value in values:
+            out.update(value)
+        return out
+    return [x for value in values for x in value]
+
+
+def combine(parts: Sequence[Mapping[str, Any]], ops: str | Mapping[str, str]) -> dict[str, Any]:
+    """Merge per-rank dicts (in rank order) key by key. ``ops``: one of `REDUCE_OPS` for every
+    key, or a mapping key -> op naming every key. ``sum`` / ``max`` / ``min`` keep the values'
+    type, ``mean`` is the sum over the number of parts, ``concat`` joins lists, tensors (dim 0)
+    or dicts (union) in rank order."""
+    if not parts:
+        raise ValueError("combine: no parts")
+    keys = list(parts[0])
+    for part in parts[1:]:
+        if list(part) != keys:
+            raise ValueError(f"combine: the ranks' keys differ ({sorted(part)} vs {sorted(keys)})")
+    out = {}
+    for key in keys:
+        op = ops if isinstance(ops, str) else ops.get(key)
+        if op not in REDUCE_OPS:
+            raise ValueError(f"combine: key {key!r} needs an op in {' | '.join(REDUCE_OPS)}, got {op!r}")
+        values = [part[key] for part in parts]
+        if op == "concat":
+            out[key] = _concat(values)
+        elif op == "max":
+            out[key] = max(values)
+        elif op == "min":
+            out[key] = min(values)
+        else:
+            total = values[0]
+            for value in values[1:]:
+                total = total + value
+            out[key] = total / len(values) if op == "mean" else total
+    return out
+
+
+def world_size() -> int:
+    """Processes in the default group (1 without torch.distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def reduce_ranks(values: Mapping[str, Any], ops: str | Mapping[str, str], world: int | None = None) -> dict[str, Any]:
+    """`combine` of every rank's ``values`` (a collective: every rank calls it with the same keys
+    and ops, in the same order). ``world`` 1 (or one process) returns ``combine([values])``
+    without communicating; ``None`` means the default process group's size."""
+    world = world_size() if world is None else world
+    if world == 1:
+        return combine([values], ops)
+    gathered: list = [None] * world
+    torch.distributed.all_gather_object(gathered, dict(values))
+    return combine(gathered, ops)
 
 
 @dataclass(frozen=True)
@@ -35,26 +100,19 @@ class Ranks:
         """Rank 0: the only rank that writes metrics, recipe.yaml and checkpoints."""
         return self.rank == 0
 
-    def share(self, items: Sequence) -> list:
-        """This rank's contiguous share of ``items`` (whose length the world size divides)."""
-        per = len(items) // self.world
-        return list(items[self.rank * per:(self.rank + 1) * per])
+    def span(self, total: int) -> range:
+        """The global indices of this rank's contiguous share of ``total`` items (divisible)."""
+        per = total // self.world
+        return range(self.rank * per, (self.rank + 1) * per)
 
-    def segment(self, items: Sequence, counts: Sequence[int]) -> list:
-        """This rank's slice of ``items`` when rank i takes ``counts[i]`` of them, in rank order."""
+    def segment_span(self, counts: Sequence[int]) -> range:
+        """This rank's global indices when rank i takes ``counts[i]`` items, in rank order."""
         start = sum(counts[:self.rank])
-        return list(items[start:start + counts[self.rank]])
+        return range(start, start + counts[self.rank])
 
-    def seed(self, step_seed: int) -> int:
-        return step_seed + self.rank * RANK_SEED_STRIDE
-
-    def gather(self, value: Any) -> list:
-        """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
-        if self.world == 1:
-            return [value]
-        out: list = [None] * self.world
-        torch.distributed.all_gather_object(out, value)
-        return out
+    def reduce(self, values: Mapping[str, Any], ops: str | Mapping[str, str]) -> dict[str, Any]:
+        """`reduce_ranks` over this run's ranks (a collective when world > 1)."""
+        return reduce_ranks(values, ops, self.world)
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -83,45 +141,3 @@ def ranks_from_env(backend: str, prompts_per_step: int) -> Ranks:
     if torch.cuda.is_available():  # "auto" / "cuda" then mean this rank's GPU
         torch.cuda.set_device(ranks.local_rank)
     return ranks
-
-
-@dataclass
-class RolloutTally:
-    """What the rollout metrics are computed from: one rank's groups, or all ranks' merged, so
-    the logged numbers describe the whole step's batch."""
-
-    group_size: int
-    rewards: list[float]
-    per_fn: dict[str, list[float]]
-    lengths: list[int]
-    truncated: int  # completions stopped by max_new_tokens
-    exit_steps: int  # summed over completion tokens
-    errors: int
-    row_passes: float  # the engine's serial block passes, summed over rows
-    tokens: int  # completion tokens the engine generated (0 when it reported no passes)
-
-    @classmethod
-    def of(cls, groups, stats) -> "RolloutTally":
-        """From one rank's ``ScoredGroups`` and its engine's ``RolloutStats``."""
-        counted = stats.row_passes is not None
-        return cls(groups.group_size, list(groups.rewards), {k: list(v) for k, v in groups.per_fn.items()},
-                   [len(c.completion_ids) for c in groups.completions],
-                   sum(c.finish_reason == "length" for c in groups.completions),
-                   sum(sum(c.exit_steps) for c in groups.completions), len(groups.errors),
-                   float(stats.row_passes.sum()) if counted else 0.0, stats.tokens if counted else 0)
-
-    @classmethod
-    def merge(cls, tallies: Sequence["RolloutTally"]) -> "RolloutTally":
-        """Rank-ordered tallies as one (each rank's rows are whole groups, so groups stay intact)."""
-        if len(tallies) == 1:
-            return tallies[0]
-        first = tallies[0]
-        return cls(first.group_size, [x for t in tallies for x in t.rewards],
-                   {k: [x for t in tallies for x in t.per_fn[k]] for k in first.per_fn},
-                   [x for t in tallies for x in t.lengths], sum(t.truncated for t in tallies),
-                   sum(t.exit_steps for t in tallies), sum(t.errors for t in tallies),
-                   sum(t.row_passes for t in tallies), sum(t.tokens for t in tallies))
-
-    @property
-    def passes_per_token(self) -> float:
-        return self.row_passes / self.tokens if self.tokens else 0.0

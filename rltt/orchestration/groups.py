@@ -1,104 +1,103 @@
-"""From rollouts to learner batches: reward scoring, groups, dynamic sampling, padding."""
+"""From rollouts to learner batches: reward scoring, groups with their advantages, selection.
+
+The data path of one step: a `RolloutBatch` is scored (`score_rollout`), its advantages are
+computed once (`score_groups`) and travel with the rows — through the dynamic-sampling filter,
+the rollout metrics and into the learner — in a `ScoredGroups` whose `LearnerBatch` is built
+straight from the rollout's tensors (`LearnerBatch.from_rollout`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rltt.data.rewards import RewardError, RewardRunner, RewardSample
 from rltt.learner.batch import LearnerBatch
+from rltt.objectives import group_advantages, uniform_groups
 from rltt.orchestration.prompts import Task
 from rltt.rollout import RolloutBatch
 
 
 @dataclass
-class Completion:
-    """One sampled completion with what the learner and the metrics need."""
+class ScoredRollout:
+    """The rewards of every row of a `RolloutBatch` (rows prompt-major, ``group_size`` per prompt)."""
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    exit_steps: list[int]
-    sampler_logprobs: list[float]  # tempered log P^(t*)(y) of the sampler
-    text: str
-    finish_reason: str
-    task_id: str
+    rollout: RolloutBatch
+    tasks: list[Task]  # one per prompt of the rollout
+    rewards: torch.Tensor  # (R,) float64: the weighted totals, as the runner computed them
+    per_fn: dict[str, torch.Tensor]  # reward function name -> (R,) float64
+    errors: list[RewardError]
+
+    @property
+    def group_size(self) -> int:
+        return self.rollout.params.n
+
+    def solved(self, primary: str) -> torch.Tensor:
+        """(R,) bool: the primary (first) reward function gives the row ≥ 1."""
+        return self.per_fn[primary] >= 1.0
+
+
+def score_rollout(rollout: RolloutBatch, tasks: list[Task], decode, runner: RewardRunner) -> ScoredRollout:
+    """Decode every completion of ``rollout`` and score it against its task."""
+    samples = []
+    for r in range(rollout.num_rows):
+        task = tasks[int(rollout.prompt_index[r])]
+        samples.append(RewardSample(decode(rollout.completion(r)), task.answer, task.id))
+    result = runner.score(samples)
+    return ScoredRollout(rollout, list(tasks), torch.tensor(result.total, dtype=torch.float64),
+                         {k: torch.tensor(v, dtype=torch.float64) for k, v in result.scores.items()},
+                         list(result.errors))
 
 
 @dataclass
 class ScoredGroups:
-    """G completions per prompt (prompt-major rows) and their rewards."""
+    """Groups of G rows (prompt-major) ready for the learner: the batch with its advantages,
+    the task rewards, and which groups are uniform (every task reward equal: no signal)."""
 
-    completions: list[Completion] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    per_fn: dict[str, list[float]] = field(default_factory=dict)
-    errors: list[RewardError] = field(default_factory=list)
-    group_size: int = 1
+    batch: LearnerBatch  # advantages set
+    rewards: torch.Tensor  # (R,) task rewards
+    uniform: torch.Tensor  # (n_groups,) bool
+    group_size: int
+    task_ids: list[str] = field(default_factory=list)  # per group
+    prompt_seeds: list[int] = field(default_factory=list)  # per group: the seed it was sampled with
 
     @property
     def num_groups(self) -> int:
-        return len(self.completions) // self.group_size
-
-    def extend(self, other: "ScoredGroups") -> None:
-        self.completions += other.completions
-        self.rewards += other.rewards
-        for name, values in other.per_fn.items():
-            self.per_fn.setdefault(name, []).extend(values)
-        self.errors += other.errors
+        return int(self.uniform.shape[0])
 
     def select_groups(self, groups: list[int]) -> "ScoredGroups":
         G = self.group_size
-        rows = [g * G + i for g in groups for i in range(G)]
-        return ScoredGroups(
-            completions=[self.completions[r] for r in rows],
-            rewards=[self.rewards[r] for r in rows],
-            per_fn={k: [v[r] for r in rows] for k, v in self.per_fn.items()},
-            errors=self.errors,
-            group_size=G,
-        )
+        index = torch.tensor(groups, dtype=torch.long)
+        rows = (index[:, None] * G + torch.arange(G)[None, :]).flatten()
+        return ScoredGroups(self.batch.select(rows), self.rewards[rows], self.uniform[index], G,
+                            [self.task_ids[g] for g in groups],
+                            [self.prompt_seeds[g] for g in groups] if self.prompt_seeds else [])
+
+    @classmethod
+    def cat(cls, parts: list["ScoredGroups"], pad_id: int = 0) -> "ScoredGroups":
+        parts = [p for p in parts if p.num_groups] or parts[:1]
+        return cls(LearnerBatch.cat([p.batch for p in parts], pad_id), torch.cat([p.rewards for p in parts]),
+                   torch.cat([p.uniform for p in parts]), parts[0].group_size,
+                   [t for p in parts for t in p.task_ids], [s for p in parts for s in p.prompt_seeds])
 
 
-def score_rollout(rollout: RolloutBatch, tasks: list[Task], decode, runner: RewardRunner) -> ScoredGroups:
-    """Decode every completion of ``rollout`` (rows prompt-major) and score it against its task."""
-    completions, samples = [], []
-    for r in range(rollout.num_rows):
-        task = tasks[int(rollout.prompt_index[r])]
-        n = int(rollout.completion_lengths[r])
-        ids = rollout.completion_ids[r, :n].tolist()
-        text = decode(ids)
-        completions.append(Completion(
-            prompt_ids=list(task.prompt_ids), completion_ids=ids, exit_steps=rollout.exit_steps[r, :n].tolist(),
-            sampler_logprobs=rollout.tempered_logprobs[r, :n].tolist(), text=text,
-            finish_reason=rollout.finish_reasons[r], task_id=task.id))
-        samples.append(RewardSample(text, task.answer, task.id))
-    result = runner.score(samples)
-    return ScoredGroups(completions, list(result.total), {k: list(v) for k, v in result.scores.items()},
-                        list(result.errors), rollout.params.n)
+def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Tensor | None = None,
+                 batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None) -> ScoredGroups:
+    """The learner rows of ``scored`` with their group advantages, computed here once.
 
+    ``penalty`` (R,): subtracted from the rewards the advantages are computed from (the KL in
+    the reward); the uniform-group flags stay those of the task rewards, so dynamic sampling
+    drops the groups without a task signal either way. ``batch``: the rows'
+    `LearnerBatch.from_rollout`, when already built (to compute the penalty)."""
+    G = scored.group_size
+    rewards = scored.rewards.float()  # advantages in fp32, like the learner's losses
+    shaped = rewards if penalty is None else rewards - penalty.float()
+    adv = group_advantages(shaped, G, scale)
+    uniform = adv.uniform if penalty is None else uniform_groups(rewards, G)
+    if batch is None:
+        batch = LearnerBatch.from_rollout(scored.rollout, adv.advantages)
+    else:
+        batch = replace(batch, advantages=adv.advantages.float())
+    return ScoredGroups(batch, rewards, uniform, G, [t.id for t in scored.tasks], list(prompt_seeds or []))
 
-def to_learner_batch(groups: ScoredGroups, advantages: torch.Tensor, temperature: float,
-                     pad_id: int = 0) -> LearnerBatch:
-    """Right-padded prompt + completion rows with the completion tokens marked for scoring."""
-    rows = groups.completions
-    width = max(len(c.prompt_ids) + len(c.completion_ids) for c in rows)
-    B = len(rows)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, width), dtype=torch.long)
-    target = torch.zeros((B, width), dtype=torch.bool)
-    exits = torch.ones((B, width), dtype=torch.long)
-    sampler = torch.zeros((B, width), dtype=torch.float32)
-    for r, c in enumerate(rows):
-        p, n = len(c.prompt_ids), len(c.completion_ids)
-        ids[r, : p + n] = torch.tensor(c.prompt_ids + c.completion_ids, dtype=torch.long)
-        attn[r, : p + n] = 1
-        target[r, p: p + n] = True
-        if n:
-            exits[r, p: p + n] = torch.tensor(c.exit_steps, dtype=torch.long)
-            sampler[r, p: p + n] = torch.tensor(c.sampler_logprobs, dtype=torch.float32)
-    return LearnerBatch(input_ids=ids, attention_mask=attn, target_mask=target, exit_steps=exits,
-                        advantages=advantages.float(), sampler_logprobs=sampler, temperature=temperature)
-
-
-def solved(groups: ScoredGroups, primary: str) -> list[bool]:
-    """A completion is solved when the primary (first) reward function gives it ≥ 1."""
-    return [score >= 1.0 for score in groups.per_fn[primary]]

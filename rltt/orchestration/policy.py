@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
-from rltt.orchestration.groups import score_rollout, solved
+from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.prompts import Task
 from rltt.rollout import RolloutEngine, SamplingParams
 
@@ -33,21 +34,16 @@ def resolve_model_path(path: str) -> Path:
                         f"({type(exc).__name__})") from None
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def load_policy(path: str | Path, dtype: str = "fp32", device: str = "auto", convert: dict | None = None):
     """(model, tokenizer) from a checkpoint directory (rltt, Ouro or a dense model to convert)."""
     from transformers import AutoTokenizer
 
     from rltt.model import load_looped
+    from rltt.stages.trainer import pick_device
 
     path = Path(path)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    model = load_looped(path, dtype=torch_dtype, **(convert or {})).to(resolve_device(device))
+    model = load_looped(path, dtype=torch_dtype, **(convert or {})).to(pick_device(device, "model.device"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -63,7 +59,12 @@ def stop_ids(tokenizer) -> list[int]:
 @dataclass
 class EvalResult:
     """Sums over the evaluated samples; the rates are properties, so results of disjoint task
-    shards (data-parallel ranks) merge exactly with `EvalResult.merge`."""
+    shards (data-parallel ranks) merge exactly: ``EvalResult(**combine([vars(p) for p in parts],
+    EvalResult.OPS))`` (or `reduce_ranks` across ranks)."""
+
+    #: how shards merge (`rltt.orchestration.distributed.combine`)
+    OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "per_task": "concat",
+                                     "exit_step_sum": "sum", "tokens": "sum"}
 
     solved: int
     samples: int
@@ -84,14 +85,6 @@ class EvalResult:
     def mean_exit_step(self) -> float:
         return self.exit_step_sum / max(self.tokens, 1)
 
-    @classmethod
-    def merge(cls, parts: list["EvalResult"]) -> "EvalResult":
-        per_task: dict[str, float] = {}
-        for part in parts:
-            per_task.update(part.per_task)
-        return cls(sum(p.solved for p in parts), sum(p.samples for p in parts), sum(p.reward_sum for p in parts),
-                   per_task, sum(p.exit_step_sum for p in parts), sum(p.tokens for p in parts))
-
 
 def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, samples: int,
              temperature: float, max_new_tokens: int, seed: int, exit_policy=None, schedule="deferred",
@@ -111,13 +104,13 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: Reward
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed + start,
                                 stop_token_ids=stop_ids(tokenizer), exit_policy=exit_policy, schedule=schedule)
         rollout = engine.generate([t.prompt_ids for t in part], params)
-        groups = score_rollout(rollout, part, tokenizer.decode, runner)
-        flags = solved(groups, primary)
-        result.solved += sum(flags)
-        result.samples += len(flags)
-        result.reward_sum += sum(groups.rewards)
-        for g, task in enumerate(part):
-            result.per_task[task.id] = sum(flags[g * samples:(g + 1) * samples]) / samples
+        scored = score_rollout(rollout, part, tokenizer.decode, runner)
+        flags = scored.solved(primary).view(len(part), samples)
+        result.solved += int(flags.sum())
+        result.samples += flags.numel()
+        result.reward_sum += sum(scored.rewards.tolist())
+        for task, row in zip(part, flags.sum(1).tolist()):
+            result.per_task[task.id] = row / samples
         mask = rollout.completion_mask
         result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
         result.tokens += int(mask.sum())

@@ -1,4 +1,4 @@
-"""The rollout engine interface shared by the learner, curation and the vLLM worker."""
+"""The rollout engine interface shared by the training step, curation, evaluation and the vLLM worker."""
 
 from __future__ import annotations
 
@@ -10,19 +10,25 @@ import torch
 from rltt.rollout.batch import RolloutBatch
 from rltt.rollout.params import SamplingParams
 
+#: trainable tensors a learner owns beside the model that it hands to the engines with the weights
+#: (the learned loop weights of ω = ``learned``, shape (T,))
+EXTRA_WEIGHTS = ("loop_weight_logits",)
+
 
 class RolloutEngine(ABC):
-    """Generates completions with a looped model and takes weights from the learner."""
+    """Generates completions with a looped model and takes weights from the learner.
+
+    ``weights_version``: the learner version of the weights it serves (0 = as constructed)."""
+
+    weights_version: int = 0
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions for each prompt (token ids); see `RolloutBatch`. An engine
-        honours ``params.prompt_seeds`` (one seed per prompt) when given, else ``params.seed``."""
+        honours ``params.prompt_seeds`` (one seed per prompt) over ``params.seed``: a row's tokens
+        depend only on (weights, prompt, its prompt seed, sample index), never on batch-mates."""
 
     @abstractmethod
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Replace the engine's weights (names of `LoopedForCausalLM.state_dict()`)."""
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Take the weights of the learner's model (a `LoopedForCausalLM`)."""
-        self.load_weights(model.state_dict())
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Serve ``tensors`` from now on — names of `LoopedForCausalLM.state_dict()` plus any of
+        `EXTRA_WEIGHTS` — and set ``weights_version = version``; drops any cached KV/prefix state."""

@@ -19,7 +19,7 @@ from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
-from rltt.rollout.engine import RolloutEngine
+from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams
 from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample_tokens
@@ -47,22 +47,31 @@ def check_prompts(prompts, vocab_size: int, max_positions: int) -> list[list[int
 class NativeEngine(RolloutEngine):
     """Generation with a `LoopedForCausalLM` in the engine's process (CPU or GPU).
 
-    The engine uses ``model`` in place (dtype and device as they are); ``sync_weights`` with
-    the same object is free.
+    The engine uses ``model`` in place (dtype and device as they are); loading the tensors of
+    that same model (a learner training it in place) copies nothing. ``extra_weights`` holds the
+    learner's `EXTRA_WEIGHTS` it was last given (the learned loop weights), as served.
     """
 
     def __init__(self, model: LoopedForCausalLM):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         self.model = model.eval()
+        self.weights_version = 0
+        self.extra_weights: dict[str, torch.Tensor] = {}
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            self.model.load_state_dict(dict(state_dict), strict=True)
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        if model is not self.model:
-            self.load_weights(model.state_dict())
+    @torch.no_grad()
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        own = self.model.state_dict()
+        unknown = sorted(set(tensors) - set(own) - set(EXTRA_WEIGHTS))
+        missing = sorted(set(own) - set(tensors))
+        if unknown or missing:
+            raise RlttError(f"NativeEngine.load_weights: unexpected tensors {unknown[:3]}, missing {missing[:3]}")
+        for name, target in own.items():
+            source = tensors[name]
+            if source.data_ptr() != target.data_ptr():  # the model's own tensor (shared): nothing to copy
+                target.copy_(source)
+        self.extra_weights = {k: v.detach().clone() for k, v in tensors.items() if k in EXTRA_WEIGHTS}
+        self.weights_version = int(version)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:

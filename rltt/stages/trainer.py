@@ -52,11 +52,13 @@ class StageResult:
     wall_time_s: float = 0.0
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, key: str = "train.device") -> torch.device:
+    """``auto`` (CUDA when available, else CPU) or a torch device name; ``key`` names the recipe
+    key in the error for a CUDA device on a machine without CUDA."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RlttError(f"train.device={name!r} but CUDA is not available")
+        raise RlttError(f"{key}={name!r} but CUDA is not available")
     return torch.device(name)
 
 

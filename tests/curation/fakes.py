@@ -66,8 +66,8 @@ class ScriptedEngine(RolloutEngine):
         self.calls.append((ids, list(seeds)))
         return _batch(prompts, params, rows, exit_rows)
 
-    def load_weights(self, state_dict) -> None:  # the scripted policy has no weights
-        pass
+    def load_weights(self, version, tensors) -> None:  # the scripted policy has no weights
+        self.weights_version = version
 
 
 def _batch(prompts, params, rows, exit_rows) -> RolloutBatch:

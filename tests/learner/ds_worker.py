@@ -25,8 +25,8 @@ def run(stage: int, out: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     learner = Learner(ds_model, LearnerConfig(backend="deepspeed", zero_stage=stage, **cfg), algo,
                       batch_size=4 // world, max_len=8)
-    ds_metrics = [learner.train_step(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world))) for b in batches]
-    ds_state = {k: v.float() for k, v in learner.state_dict_for_rollout().items()}
+    ds_metrics = [learner.update(b.select(slice(rank * 4 // world, (rank + 1) * 4 // world))) for b in batches]
+    ds_state = {k: v.float() for k, v in learner.rollout_state_dict()[1].items()}
     if rank == 0:
         compare(ds_metrics, ds_state, algo, cfg, batches, world, out)
     import torch.distributed as dist
@@ -44,7 +44,7 @@ GLOBAL_KEYS = ("policy/clip_frac", "policy/ratio_mean", "policy/ratio_max", "pol
 def compare(ds_metrics, ds_state, algo, cfg, batches, world: int, out: str) -> None:
     torch_model = tiny_policy(seed=0)
     ref = Learner(torch_model, LearnerConfig(backend="torch", **cfg), algo, batch_size=4, max_len=8)
-    torch_metrics = [ref.train_step(b) for b in batches]
+    torch_metrics = [ref.update(b) for b in batches]
     diff = max((ds_state[k] - v.float()).abs().max().item() for k, v in torch_model.state_dict().items())
     with open(out, "w") as f:
         json.dump({"ds_losses": [m["loss/total"] for m in ds_metrics],

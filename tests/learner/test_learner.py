@@ -38,7 +38,7 @@ def test_hybrid_ratio_is_exactly_one_at_the_rollout_weights():
     batch = synthetic_batch()
     batch.sampler_logprobs = _sampler_logprobs(model, batch)
     learner = Learner(model, LearnerConfig(lr=1e-3, micro_batch_size=2), AlgorithmConfig(), batch_size=4, max_len=8)
-    metrics = learner.train_step(batch)
+    metrics = learner.update(batch)
     assert metrics["policy/ratio_mean"] == 1.0 and metrics["policy/ratio_max"] == 1.0
     assert metrics["policy/ratio_min"] == 1.0 and metrics["policy/clip_frac"] == 0.0
     assert 0 < metrics["mismatch/max_abs"] < 1e-2  # the injected sampler noise is reported
@@ -48,7 +48,7 @@ def test_hybrid_ratio_is_exactly_one_at_the_rollout_weights():
                        batch_size=4, max_len=8)
     batch2 = synthetic_batch()
     batch2.sampler_logprobs = batch.sampler_logprobs
-    assert learner2.train_step(batch2)["policy/ratio_mean"] == pytest.approx(1.0)
+    assert learner2.update(batch2)["policy/ratio_mean"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("kind", ["exit", "final", "mixture", "rltt"])
@@ -57,7 +57,7 @@ def test_a_step_changes_parameters(kind):
     before = copy.deepcopy(model.state_dict())
     learner = Learner(model, LearnerConfig(lr=1e-2), AlgorithmConfig(policy_logprob=kind, kl_coef=0.1),
                       batch_size=4, max_len=8)
-    metrics = learner.train_step(synthetic_batch())
+    metrics = learner.update(synthetic_batch())
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert any("layers.0" in k for k in changed) and "lm_head.weight" in changed
     assert metrics["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # reference = the rollout weights
@@ -75,7 +75,7 @@ def test_micro_batch_size_does_not_change_the_update(agg):
         model = tiny_policy()
         learner = Learner(model, LearnerConfig(lr=1e-2, micro_batch_size=micro),
                           AlgorithmConfig(aggregation=agg, loss="reinforce"), batch_size=4, max_len=8)
-        runs.append(learner.train_step(synthetic_batch()))
+        runs.append(learner.update(synthetic_batch()))
     for key in ("loss/total", "grad_norm/total", "grad_norm/layer/0", "grad_norm/layer/1", "grad_norm/group/lm_head"):
         assert runs[1][key] == pytest.approx(runs[0][key], rel=1e-5), key
         assert runs[2][key] == pytest.approx(runs[0][key], rel=1e-5), key
@@ -96,7 +96,7 @@ def test_several_ppo_epochs_score_old_logprobs_once_and_move_the_ratio():
     batch.sampler_logprobs = _sampler_logprobs(model, batch, noise=0.0)
     learner = Learner(model, LearnerConfig(lr=5e-2, micro_batch_size=2), AlgorithmConfig(ppo_epochs=3),
                       batch_size=4, max_len=8)
-    metrics = learner.train_step(batch)
+    metrics = learner.update(batch)
     # the last epoch runs at updated weights: the ratio has left 1, and the telemetry is there
     assert metrics["policy/ratio_max"] > 1.0 or metrics["policy/ratio_min"] < 1.0
     assert metrics["mismatch/max_abs"] < 1e-5 and "entropy/loop_1" in metrics
@@ -112,7 +112,7 @@ def test_packed_scoring_gives_the_padded_update(aggregation):
         model = tiny_policy(seed=1)
         learner = Learner(model, LearnerConfig(lr=1e-2, micro_batch_size=3, pack_sequences=pack),
                           AlgorithmConfig(ppo_epochs=2, aggregation=aggregation, kl_coef=0.05), batch_size=6, max_len=8)
-        logged.append(learner.train_step(copy.deepcopy(batch)))
+        logged.append(learner.update(copy.deepcopy(batch)))
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     # Adam divides by sqrt(v): a parameter whose gradient is ~0 moves by a rounding-sized amount
     # times lr in either run, so allow 0.5 % of one lr = 1e-2 step

@@ -11,12 +11,8 @@ from rltt.errors import RlttError
 from rltt.objectives import (
     aggregate,
     group_advantages,
-    group_rows,
     kl_estimate,
-    kl_loss,
-    kl_penalised_rewards,
     policy_loss,
-    select_informative_groups,
     uniform_groups,
 )
 
@@ -94,13 +90,10 @@ def test_integer_rewards_are_accepted():
     torch.testing.assert_close(out.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0]) / math.sqrt(0.5))
 
 
-def test_select_informative_groups_and_rows():
+def test_uniform_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     assert uniform_groups(rewards, 2).tolist() == [True, False, True, False]
-    groups = select_informative_groups(rewards, 2)
-    assert groups.tolist() == [1, 3]
-    assert group_rows(groups, 2).tolist() == [2, 3, 6, 7]
-    assert select_informative_groups(torch.ones(4), 2).numel() == 0
+    assert uniform_groups(torch.ones(4), 2).tolist() == [True, True]
 
 
 # ---------------------------------------------------------------- aggregation
@@ -307,15 +300,16 @@ def test_k1_and_k3_are_unbiased_under_the_policy():
 
 
 def test_kl_in_loss_and_kl_in_reward():
+    """The two KL forms the learner builds from `kl_estimate`: aggregated into the loss, and
+    summed per sequence into the reward (`Learner.sequence_kl`)."""
     logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -2.0, -2.0], [-0.5, -1.5, 7.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    loss = kl_loss(logp, ref, mask, coef=0.1, kind="k1")
+    loss = 0.1 * aggregate(kl_estimate(logp, ref, "k1"), mask, "token_mean")
     # k1 per token: .5, 0, −1 | 0, 1 → token mean 0.5/5
     assert loss.item() == pytest.approx(0.1 * 0.5 / 5)
     loss.backward()
     torch.testing.assert_close(logp.grad, 0.1 * mask.float() / 5)
+    per_sequence = (kl_estimate(logp.detach(), ref, "k1") * mask).sum(-1)  # the masked 7.0 never counts
     rewards = torch.tensor([1.0, 0.0])
-    penalised = kl_penalised_rewards(rewards, logp, ref, mask, coef=0.1, kind="k1")
-    torch.testing.assert_close(penalised, torch.tensor([1.0 - 0.1 * (-0.5), 0.0 - 0.1 * 1.0]))
-    assert not penalised.requires_grad
+    torch.testing.assert_close(rewards - 0.1 * per_sequence, torch.tensor([1.0 - 0.1 * (-0.5), 0.0 - 0.1 * 1.0]))

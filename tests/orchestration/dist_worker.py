@@ -2,10 +2,10 @@
 
     dist_worker.py RECIPE.yaml OUT_DIR [key=value ...]
 
-Each rank runs the LocalTrainer and writes OUT_DIR/rank<R>.json: the task ids and sampling
-seeds of its rollouts, the rewards of its groups per step, its learner's batch size, whether it
-owns a metrics logger, whether its parameters changed, a checksum of its final parameters and
-its prompt stream's position.
+Each rank runs the LocalTrainer and writes OUT_DIR/rank<R>.json: the task ids and prompt
+seeds of its groups, the rewards of its groups per step, its learner's batch size, whether it
+owns a metrics logger, whether its parameters changed, a checksum of its final parameters, its
+prompt stream's position and one `reduce_ranks` of known per-rank values.
 """
 
 import json
@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
+from rltt.orchestration.distributed import reduce_ranks  # noqa: E402
 from rltt.orchestration.local import LocalTrainer  # noqa: E402
 from rltt.orchestration.recipe import load_train_recipe  # noqa: E402
 
@@ -28,17 +29,22 @@ def run(recipe: str, out_dir: str, overrides: list[str]) -> None:
               "has_logger": trainer.logger is not None, "seeds": [], "task_ids": [], "rewards": []}
     before = {k: v.detach().clone() for k, v in trainer.learner_model().state_dict().items()}
 
-    rollout = trainer.rollout
+    rollout = trainer.training.rollout
 
-    def recording_rollout(step, metrics):
-        record["seeds"].append(trainer.sampling(step).seed)
-        groups = rollout(step, metrics)
-        record["task_ids"].append([c.task_id for c in groups.completions[::groups.group_size]])
-        record["rewards"].append(list(groups.rewards))
-        return groups
+    def recording_rollout(step):
+        groups, metrics = rollout(step)
+        record["seeds"].append(list(groups.prompt_seeds))
+        record["task_ids"].append(list(groups.task_ids))
+        record["rewards"].append(groups.rewards.tolist())
+        return groups, metrics
 
-    trainer.rollout = recording_rollout
+    trainer.training.rollout = recording_rollout
     trainer.run()
+    values = {"n": rank + 1, "x": 0.5 * (rank + 1), "hi": rank, "lo": rank, "rows": [rank, rank],
+              "t": torch.tensor([float(rank)]), "ids": {f"r{rank}": rank}}
+    ops = {"n": "sum", "x": "mean", "hi": "max", "lo": "min", "rows": "concat", "t": "concat", "ids": "concat"}
+    reduced = reduce_ranks(values, ops)
+    record["reduced"] = {**reduced, "t": reduced["t"].tolist()}
     after = trainer.learner_model().state_dict()
     record["changed"] = any(not torch.equal(before[k], after[k]) for k in before)
     record["checksum"] = sum(float(v.double().sum()) for v in after.values())

@@ -19,6 +19,7 @@ from rltt.errors import ConfigError
 from rltt.orchestration.local import LocalTrainer
 from rltt.orchestration.prompts import PromptStream
 from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.step import rollout_seed
 from rltt.telemetry import read_metrics
 
 from .helpers import tiny_checkpoint
@@ -114,7 +115,15 @@ def test_ranks_take_disjoint_contiguous_shares_with_their_own_seeds(two_rank_run
         expected = [t.id for t in stream.next(P)]  # the global list every rank draws
         assert records[0]["task_ids"][step] == expected[: P // 2]
         assert records[1]["task_ids"][step] == expected[P // 2:]
-        assert records[0]["seeds"][step] != records[1]["seeds"][step]
+        # each prompt's seed is keyed by its global index, whichever rank samples it
+        seeds = [rollout_seed(trainer_recipe.seed, step + 1, 0, i) for i in range(P)]
+        assert records[0]["seeds"][step] + records[1]["seeds"][step] == seeds and len(set(seeds)) == P
+
+
+def test_reduce_ranks_over_two_processes(two_rank_run):
+    _, _, records = two_rank_run
+    expected = {"n": 3, "x": 0.75, "hi": 1, "lo": 0, "rows": [0, 0, 1, 1], "t": [0.0, 1.0], "ids": {"r0": 0, "r1": 1}}
+    assert records[0]["reduced"] == records[1]["reduced"] == expected
 
 
 def test_resume_from_a_two_rank_checkpoint_continues_exactly(two_rank_run, tmp_path):
@@ -196,3 +205,15 @@ def test_zero3_checkpoints_hold_full_weights_and_resume(tmp_path):
     assert resumed["step"] == uninterrupted["step"] == STEPS + 1
     for key in ("reward/mean", "length/mean", "loss/total", "grad_norm/total"):
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-7), key
+
+
+def test_two_ranks_sample_what_one_process_samples(two_rank_run, tmp_path):
+    """Per-prompt seeds keyed by the global prompt index: the first step's rows of the two ranks,
+    in rank order, are one process's rows (same weights before any update)."""
+    recipe, _, records = two_rank_run
+    one = LocalTrainer(load_train_recipe(recipe, ["learner.backend=torch", f"logging.run_dir={tmp_path / 'one'}"]),
+                       recipe_root=recipe.parent)
+    groups, _ = one.training.rollout(1)
+    assert groups.task_ids == records[0]["task_ids"][0] + records[1]["task_ids"][0]
+    assert groups.prompt_seeds == records[0]["seeds"][0] + records[1]["seeds"][0]
+    assert groups.rewards.tolist() == records[0]["rewards"][0] + records[1]["rewards"][0]

@@ -115,6 +115,7 @@ def test_algorithm_variants_run(tmp_path, overrides):
 
 def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
     """Data-parallel ranks evaluate disjoint task chunks; the merged sums are one process's."""
+    from rltt.orchestration.distributed import combine
     from rltt.orchestration.policy import EvalResult, evaluate
 
     trainer = LocalTrainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)
@@ -122,7 +123,7 @@ def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
     whole = evaluate(*args, seed=3, chunk=3)
     parts = [evaluate(*args, seed=3, chunk=3, shard=(i, 3)) for i in range(3)]
     assert [len(p.per_task) for p in parts] == [4, 3, 3]  # chunks 0 and 3 (a single task), 1, 2
-    merged = EvalResult.merge(parts)
+    merged = EvalResult(**combine([vars(p) for p in parts], EvalResult.OPS))
     assert (merged.solved, merged.samples, merged.tokens, merged.per_task) == \
         (whole.solved, whole.samples, whole.tokens, whole.per_task)
     assert merged.reward_sum == pytest.approx(whole.reward_sum) and merged.exit_step_sum == pytest.approx(whole.exit_step_sum)

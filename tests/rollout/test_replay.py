@@ -54,7 +54,8 @@ def test_replay_with_new_weights_differs_and_same_seed_reproduces():
         learner.lm_head.weight.add_(0.01)
     moved = replay_logprobs(learner, batch).logprobs
     assert not torch.equal(moved, batch.logprobs)
-    engine.sync_weights(learner)  # weight hand-off: the engine now replays the learner's policy
+    engine.load_weights(1, learner.state_dict())  # weight hand-off: the engine now replays the learner's policy
+    assert engine.weights_version == 1
     assert torch.equal(replay_logprobs(engine.model, batch).logprobs, moved)
 
 

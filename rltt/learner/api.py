@@ -1,0 +1,31 @@
+"""`LearnerAPI`: what the training step needs of a learner — satisfied by `Learner` (one process
+or a torchrun/DeepSpeed rank) and by any other implementation (a Ray learner group)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rltt.learner.batch import LearnerBatch
+
+
+@runtime_checkable
+class LearnerAPI(Protocol):
+    version: int  # bumps by 1 on every update()
+
+    def update(self, batch: LearnerBatch) -> dict[str, float]:
+        """Optimise on ``batch``; the metrics of the global batch."""
+
+    def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
+        """(B,) summed KL to the frozen reference, for ``algorithm.kl_in=reward``."""
+
+    def rollout_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, full tensors in the engines' dtype, learned extras included)."""
+
+    def save(self, directory: Path) -> None:
+        """Everything needed to resume the learner."""
+
+    def load(self, directory: Path) -> None:
+        """Resume from what `save` wrote."""

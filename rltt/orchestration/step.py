@@ -1,0 +1,175 @@
+"""The RL training step, the one place it is written:
+
+    prompts → engine.generate → rewards → advantages (once) → dynamic filter → LearnerBatch
+            → learner.update → engine.load_weights(*learner.rollout_state_dict()) → metrics
+
+`TrainingStep` talks to a `RolloutEngine` and a `Learner` only through their interfaces, so the
+local loop, every torchrun rank and a Ray driver run the same step with their own engine and
+learner (a Ray driver passes ``Ranks()``: its learner group splits the batch itself).
+
+Rollout seeds are keyed by (recipe seed, step, attempt, GLOBAL prompt index) and go to the
+engine as ``SamplingParams.prompt_seeds``: a prompt's completions do not depend on how many
+ranks or workers share the step, nor on which prompts share a call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rltt.data.rewards import RewardRunner
+from rltt.learner import LearnerAPI, LearnerBatch
+from rltt.orchestration.distributed import Ranks
+from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
+from rltt.orchestration.prompts import PromptStream, Task
+from rltt.orchestration.recipe import TrainRecipe
+from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.telemetry import Timer, peak_memory_gb
+from rltt.telemetry import schema as m
+
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def rollout_seed(seed: int, step: int, attempt: int, index: int) -> int:
+    """The sampling seed of the step's ``index``-th prompt (global, over all ranks) in draw
+    ``attempt`` (0, then dynamic-sampling refills): a 63-bit hash of the four."""
+    h = 0
+    for value in (seed, step, attempt, index):
+        h = _splitmix64(h ^ (value & _MASK))
+    return h >> 1
+
+
+def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, primary: str) -> dict[str, float]:
+    """Metrics of one rollout over every rank's rows (a collective), as one process would log them."""
+    rollout = scored.rollout
+    stats = rollout.stats
+    counted = stats.row_passes is not None
+    local = {
+        "rewards": scored.rewards.float(), "lengths": rollout.completion_lengths.float(),
+        "truncated": sum(reason == "length" for reason in rollout.finish_reasons),
+        "exit_steps": int(rollout.exit_steps[rollout.completion_mask].sum()), "errors": len(scored.errors),
+        "row_passes": float(stats.row_passes.sum()) if counted else 0.0, "tokens": stats.tokens if counted else 0,
+        "uniform": int(groups.uniform.sum()), "groups": groups.num_groups,
+        **{f"fn/{name}": values for name, values in scored.per_fn.items()},
+    }
+    sums = ("truncated", "exit_steps", "errors", "row_passes", "tokens", "uniform", "groups")
+    t = ranks.reduce(local, {k: "sum" if k in sums else "concat" for k in local})
+    rewards, lengths = t["rewards"], t["lengths"]
+    out = {
+        m.REWARD_MEAN: float(rewards.mean()),
+        m.REWARD_STD: float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        m.REWARD_ERRORS: t["errors"],
+        m.SOLVE_RATE: int((t[f"fn/{primary}"] >= 1.0).sum()) / rewards.numel(),
+        m.GROUPS_UNIFORM_FRAC: t["uniform"] / t["groups"] if t["groups"] else 0.0,
+        m.LENGTH_MEAN: float(lengths.mean()),
+        m.LENGTH_MAX: float(lengths.max()),
+        m.LENGTH_TRUNC_FRAC: t["truncated"] / lengths.numel(),
+        "rollout/exit_step_mean": t["exit_steps"] / max(float(lengths.sum()), 1),
+        "rollout/passes_per_token": t["row_passes"] / t["tokens"] if t["tokens"] else 0.0,
+        "rollout/sequences": rewards.numel(),
+    }
+    for name in scored.per_fn:
+        values = t[f"fn/{name}"].tolist()
+        out[m.reward_key(name)] = sum(values) / len(values)
+    return out
+
+
+class TrainingStep:
+    """One RL step with a given engine and learner; ``step(n)`` returns the step's metrics.
+
+    Every rank of a data-parallel run calls it with its own engine and learner (the collectives
+    inside are reached by all ranks in the same order); ``prompts`` is the global stream, which
+    every rank draws from identically."""
+
+    def __init__(self, recipe: TrainRecipe, engine: RolloutEngine, learner: LearnerAPI, prompts: PromptStream,
+                 runner: RewardRunner, decode, stop_token_ids: list[int], pad_id: int = 0, ranks: Ranks = Ranks()):
+        self.recipe, self.engine, self.learner, self.prompts = recipe, engine, learner, prompts
+        self.runner, self.decode, self.stop_token_ids, self.pad_id, self.ranks = (
+            runner, decode, list(stop_token_ids), pad_id, ranks)
+
+    def sampling(self, step: int, attempt: int, indices) -> SamplingParams:
+        """Sampling settings of the prompts with these global indices in ``attempt``."""
+        ro = self.recipe.rollout
+        seeds = [rollout_seed(self.recipe.seed, step, attempt, i) for i in indices]
+        return SamplingParams(
+            temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=ro.max_new_tokens,
+            stop_token_ids=self.stop_token_ids, stop_strings=list(ro.stop_strings),
+            decoder=self.decode if ro.stop_strings else None, seed=rollout_seed(self.recipe.seed, step, attempt, -1),
+            prompt_seeds=seeds, n=ro.group_size, exit_policy=ro.exit_policy, schedule=ro.schedule)
+
+    def _sample(self, tasks: list[Task], params: SamplingParams) -> tuple[ScoredRollout, ScoredGroups]:
+        """Generate and score ``tasks``; the groups carry their advantages (computed once)."""
+        algo = self.recipe.algorithm
+        rollout = self.engine.generate([t.prompt_ids for t in tasks], params)
+        scored = score_rollout(rollout, tasks, self.decode, self.runner)
+        batch = penalty = None
+        if algo.kl_in == "reward" and algo.kl_coef > 0:
+            batch = LearnerBatch.from_rollout(rollout)
+            penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
+        groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds)
+        return scored, groups
+
+    def _empty(self) -> ScoredGroups:
+        return ScoredGroups(LearnerBatch(*(torch.zeros((0, 1), dtype=d) for d in (torch.long, torch.long, torch.bool,
+                                                                                   torch.long)),
+                                         advantages=torch.zeros(0)),
+                            torch.zeros(0), torch.zeros(0, dtype=torch.bool), self.recipe.rollout.group_size)
+
+    def rollout(self, step: int) -> tuple[ScoredGroups, dict[str, float]]:
+        """This rank's share of prompts_per_step groups and the metrics of the step's first rollout.
+        With dynamic sampling, uniform groups are dropped and refilled from the stream: every rank
+        draws every rank's refill prompts, so the streams stay equal."""
+        r, ranks = self.recipe, self.ranks
+        total = r.rollout.prompts_per_step
+        want = total // ranks.world
+        span = ranks.span(total)
+        drawn = self.prompts.next(total)  # the global list, the same on every rank
+        tasks = [drawn[i] for i in span]
+        scored, groups = self._sample(tasks, self.sampling(step, 0, span))
+        metrics = rollout_metrics(scored, groups, ranks, self.runner.names[0])
+        if not r.algorithm.dynamic_sampling:
+            return groups, metrics
+        kept: list[ScoredGroups] = []
+        have = refills = 0
+        for attempt in range(1, r.algorithm.max_refills + 2):
+            informative = torch.nonzero(~groups.uniform).flatten().tolist()
+            kept.append(groups.select_groups(informative))
+            have += len(informative)
+            short = ranks.reduce({"short": [max(want - have, 0)]}, "concat")["short"]  # every rank's shortfall
+            if not sum(short) or attempt > r.algorithm.max_refills:
+                break
+            refills += 1
+            span = ranks.segment_span(short)
+            drawn = self.prompts.next(sum(short))
+            groups = self._sample([drawn[i] for i in span], self.sampling(step, attempt, span))[1] if span \
+                else self._empty()
+        if have < want:  # still short: top up with uniform groups (zero advantage)
+            filler = torch.nonzero(groups.uniform).flatten().tolist()[: want - have]
+            kept.append(groups.select_groups(filler))
+        metrics["rollout/refills"] = refills
+        return ScoredGroups.cat(kept, self.pad_id).select_groups(list(range(want))), metrics
+
+    def __call__(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        timed: dict[str, float] = {}
+        with Timer(timed, m.TIME_ROLLOUT):
+            groups, metrics = self.rollout(step)
+        tokens = int(groups.batch.target_mask.sum())
+        work = self.ranks.reduce({"tokens": tokens, "time": timed[m.TIME_ROLLOUT]}, {"tokens": "sum", "time": "max"})
+        with Timer(timed, m.TIME_LEARNER):
+            metrics.update(self.learner.update(groups.batch))
+        with Timer(timed, m.TIME_WEIGHT_SYNC):
+            self.engine.load_weights(*self.learner.rollout_state_dict())
+        metrics.update(timed)
+        metrics[m.THROUGHPUT_TOKENS_PER_S] = work["tokens"] / max(work["time"], 1e-9)  # ranks sample concurrently
+        metrics[m.TIME_STEP] = time.perf_counter() - t0
+        metrics[m.MEMORY_PEAK_GB] = self.ranks.reduce({"gb": peak_memory_gb()}, "max")["gb"]
+        return metrics
