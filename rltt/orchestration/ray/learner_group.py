@@ -99,6 +99,9 @@ class RayLearnerGroup:
         self.log = log or ClusterLog(None)
         self.world = learners or cfg.learners
         self.last_checkpoint: Path | None = None
+        #: called between starting an update and waiting for it (``orchestration.overlap``)
+        self.during_update: Callable[[], None] | None = None
+        self.last_update_s = 0.0  # the slowest rank's wall time of the last update
         bundle = {"CPU": cfg.num_cpus, "GPU": cfg.num_gpus}
         bundle = {k: v for k, v in bundle.items() if v > 0}
         self.pg = None
@@ -163,7 +166,12 @@ class RayLearnerGroup:
 
     # -- the Learner interface ------------------------------------------------------------
     def update(self, batch: LearnerBatch) -> dict[str, float]:
-        return self.finish_update(self.submit_update(batch))[0]
+        """Every rank trains on its share; the metrics are the global batch's (rank 0's)."""
+        pending = self.submit_update(batch)
+        del batch  # the shares stay in the object store only until the ranks have them
+        if self.during_update is not None:
+            self.during_update()
+        return self.finish_update(pending)[0]
 
     def submit_update(self, batch: LearnerBatch) -> list:
         """Start an update and return at once (the driver may sample meanwhile)."""
@@ -173,7 +181,8 @@ class RayLearnerGroup:
         """Rank 0's metrics (those of the global batch) and the slowest rank's update seconds."""
         results = self._all(refs, f"updating to version {self.version + 1}")
         self.version += 1
-        return results[0][0], max(seconds for _, seconds in results)
+        self.last_update_s = max(seconds for _, seconds in results)
+        return results[0][0], self.last_update_s
 
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
         parts = self._all([w.sequence_kl.remote(s) for w, s in zip(self.workers, self._shares(batch))],

@@ -16,10 +16,8 @@ its shard is issued again, so the step's rollouts are what they would have been.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import ray
@@ -56,37 +54,6 @@ class RemoteTensors(Mapping):
         return len(self._tensors())
 
 
-@dataclass
-class NativeFromDir:
-    """Builds a `NativeEngine` on a checkpoint directory (in the worker's process)."""
-
-    path: str
-    dtype: str = "fp32"
-    device: str = "auto"
-    convert: dict | None = None
-
-    def __call__(self) -> RolloutEngine:
-        from rltt.orchestration.policy import load_policy
-        from rltt.rollout import NativeEngine
-
-        model, _ = load_policy(Path(self.path), self.dtype, self.device, self.convert)
-        return NativeEngine(model)
-
-
-def load_into(engine: RolloutEngine, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
-    """``engine.load_weights(version, tensors)``; an engine with the older one-argument form
-    takes the tensors its model has (the learner may own extra trainable tensors)."""
-    if len(inspect.signature(engine.load_weights).parameters) >= 2:
-        engine.load_weights(version, tensors)
-        return
-    model = getattr(engine, "model", None)
-    if model is not None:
-        names = set(model.state_dict())
-        tensors = {k: v for k, v in tensors.items() if k in names}
-    engine.load_weights(tensors)
-    engine.weights_version = version
-
-
 class RolloutWorker:
     """The actor: one engine, the weights version it serves."""
 
@@ -104,7 +71,7 @@ class RolloutWorker:
         if version != self.version:
             if not box:
                 raise RlttError(f"rollout worker {self.index}: weights version {version} requested without tensors")
-            load_into(self.engine, version, ray.get(box[0]))
+            self.engine.load_weights(version, ray.get(box[0]))
             self.version = version
         return self.version
 

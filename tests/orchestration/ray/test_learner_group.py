@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rltt.errors import RlttError
-from rltt.orchestration.ray.adapters import LearnerFromDir
+from rltt.orchestration.ray.builders import LearnerFromDir
 from rltt.orchestration.ray.config import RaySection
 from rltt.orchestration.ray.learner_group import RayLearnerGroup
 from rltt.orchestration.recipe import load_train_recipe

@@ -52,21 +52,23 @@ def test_ray_run_with_a_worker_killed_mid_generate_equals_the_local_loop(ray_clu
                                                                          monkeypatch):
     path = write_recipe(tmp_path)
     run_dir = tmp_path / "run"
-    issued, killed = [], []
-    issue = RayRolloutPool._issue
+    calls, killed = [], []
+    submit = RayRolloutPool.submit
 
-    def issue_then_kill(self, prompts, part):
-        issue(self, prompts, part)
-        issued.append(part.worker)
-        if len(issued) == 4:  # step 3's rollout (after the step-0 evaluation and steps 1-2), in flight
+    def submit_then_kill(self, prompts, params):
+        pending = submit(self, prompts, params)
+        calls.append(len(pending.parts))
+        if len(calls) == 4:  # step 3's rollout (after the step-0 evaluation and steps 1-2), in flight
+            worker = pending.parts[-1].worker
             actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
-            pid = next(a["pid"] for a in actors if a["role"] == "rollout" and a["index"] == part.worker)
+            pid = next(a["pid"] for a in actors if a["role"] == "rollout" and a["index"] == worker)
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
+        return pending
 
-    monkeypatch.setattr(RayRolloutPool, "_issue", issue_then_kill)
+    monkeypatch.setattr(RayRolloutPool, "submit", submit_then_kill)
     assert main(["train", str(path), *STEPS, *RAY, "orchestration.ray.rollout_workers=2"]) == 0
-    assert len(killed) == 1
+    assert len(killed) == 1 and calls[1:4] == [2, 2, 2]  # each step's prompts split over both workers
     records = read_metrics(run_dir)
     assert_same_metrics(records, local_run)
     steps = [r for r in records if r["step"] > 0]

@@ -14,8 +14,10 @@ from rltt.errors import RlttError
 from rltt.orchestration.policy import load_policy
 from rltt.orchestration.ray.cluster import ClusterLog
 from rltt.orchestration.ray.config import RaySection
-from rltt.orchestration.ray.rollout_pool import NativeFromDir, RayRolloutPool
+from rltt.orchestration.ray.builders import EngineFromDir
+from rltt.orchestration.ray.rollout_pool import RayRolloutPool
 from rltt.orchestration.ray.shards import merge, split
+from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
 
 from ..helpers import tiny_checkpoint
@@ -28,12 +30,18 @@ TOKEN_FIELDS = ("prompt_index", "prompt_lengths", "completion_ids", "completion_
                 "exit_steps")
 
 
+def builder(ckpt) -> EngineFromDir:
+    recipe = TrainRecipe()
+    recipe.model.path = str(ckpt)
+    return EngineFromDir(recipe, str(ckpt))  # the local loop's engine factory, in the worker
+
+
 @pytest.fixture(scope="module")
 def setup(ray_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pool")
     ckpt = tiny_checkpoint(tmp / "policy")
     log = ClusterLog(tmp / "cluster.json")
-    pool = RayRolloutPool(NativeFromDir(str(ckpt)), RaySection(rollout_workers=2, timeout_s=60, max_restarts=4), log)
+    pool = RayRolloutPool(builder(ckpt), RaySection(rollout_workers=2, timeout_s=60, max_restarts=4), log)
     model, tok = load_policy(ckpt)
     prompts = [tok(q, add_special_tokens=False).input_ids for q in ("12+3=", "7*8=", "5-1=", "9+9=", "40/5=")]
     params = SamplingParams(max_new_tokens=12, n=3, prompt_seeds=[101, 7, 55, 3, 999],
@@ -122,7 +130,7 @@ def test_restarted_worker_with_stale_weights_reloads_first(setup):
     batch = pool.generate(prompts, params)
     assert pool.reloads == reloads + 1  # the restarted worker saw version 0 != 1 and reloaded
     assert [w["version"] for w in pool.worker_infos()] == [1, 1]
-    engine.load_weights(v1)
+    engine.load_weights(1, v1)
     assert_rows_equal(batch, one_thread(lambda: shardwise(engine, prompts, params)))
     step0 = one_thread(lambda: NativeEngine(load_policy(engine_path(cluster_json))[0]).generate(prompts, params))
     assert not torch.equal(batch.logprobs, step0.logprobs)  # stale weights would have shown
@@ -136,7 +144,7 @@ def test_unschedulable_workers_are_a_one_line_error_within_the_timeout(ray_clust
     _, _, _, _, cluster_json = setup
     t0 = time.monotonic()
     with pytest.raises(RlttError) as err:
-        RayRolloutPool(NativeFromDir(str(engine_path(cluster_json))), RaySection(num_gpus=1, timeout_s=2))
+        RayRolloutPool(builder(engine_path(cluster_json)), RaySection(num_gpus=1, timeout_s=2))
     assert time.monotonic() - t0 < 30
     message = str(err.value)
     assert "\n" not in message and "num_gpus=1" in message and "timeout_s=2" in message
