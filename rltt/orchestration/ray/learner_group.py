@@ -142,7 +142,16 @@ class RayLearnerGroup:
                             f"{self._resume_hint()}") from None
 
     def _all(self, refs: list, what: str) -> list:
-        return [self._get(ref, what) for ref in refs]
+        """Every rank's result, in rank order; the first rank to fail (a dead rank leaves the others
+        waiting in a collective) ends the wait at once."""
+        out: dict = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=self.cfg.timeout_s)
+            if not ready:
+                return [self._get(ref, what) for ref in refs]  # the timeout error
+            out[ready[0]] = self._get(ready[0], what)
+        return [out[ref] for ref in refs]
 
     @staticmethod
     def _alive(worker) -> bool:

@@ -103,6 +103,10 @@ class RayTrainer(LocalTrainer):
     def __init__(self, recipe, resume: bool = False, recipe_root: Path | None = None):
         from transformers import AutoTokenizer
 
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise RlttError("orchestration.backend: 'ray' needs ray (pip install 'rltt[ray]')") from None
         from rltt.orchestration.ray.cluster import ClusterLog, connect
         from rltt.orchestration.ray.learner_group import RayLearnerGroup
         from rltt.orchestration.ray.rollout_pool import RayRolloutPool

@@ -1,10 +1,11 @@
 """`RayLearnerGroup`: 2 DeepSpeed learner actors (a gloo group formed from Ray) give one
 process's update; a group the cluster cannot place is a one-line error within the timeout."""
 
+import os
+import signal
 import time
 
 import pytest
-import torch
 
 from rltt.errors import RlttError
 from rltt.orchestration.ray.builders import LearnerFromDir
@@ -37,9 +38,19 @@ def test_two_learners_match_one_process(ray_cluster, tmp_path):
         got = [group.update(b) for b in batches]
         version, tensors = group.rollout_state_dict()
         state = {k: v.float().clone() for k, v in tensors.items()}
+        assert version == group.version == 3
+        ckpt = tmp_path / "ckpt"
+        group.save(ckpt)  # collective: rank 0 the weights, each rank its ZeRO shard
+        group.checkpointed(ckpt)
+        assert len(list((ckpt / "deepspeed").rglob("zero_pp_rank_*"))) == 2
+        os.kill(group.worker_infos()[1]["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RlttError) as err:  # rank 0 waits in a collective: the dead rank ends the step
+            group.update(batches[0])
+        assert time.monotonic() - t0 < 60
+        assert "\n" not in str(err.value) and f"resume from {ckpt} with --resume" in str(err.value)
     finally:
         group.shutdown()
-    assert version == group.version == 3
 
     local = LearnerFromDir(ref, model_path)()
     want = [local.update(b) for b in batches]
