@@ -27,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from rltt.orchestration.recipe import load_train_recipe
 
     recipe = load_train_recipe(args.recipe, args.overrides)
-    trainer = LocalTrainer(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
+    trainer_cls = LocalTrainer
+    if recipe.orchestration.backend == "ray":  # the same loop, its engine and learner on Ray actors
+        from rltt.orchestration.ray.trainer import RayTrainer as trainer_cls
+    trainer = trainer_cls(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
     result = trainer.run()
     trainer.ranks.close()
     if not trainer.ranks.main:  # rank 0 reports for a data-parallel run

@@ -52,11 +52,16 @@ class RunResult:
 
 
 class LocalTrainer:
+    """The RL run: checks the run directory, builds the parts (`_build_parts`: the policy's
+    tokenizer, engine and learner), the prompt streams and the reward runner, then runs
+    `TrainingStep` per step with evaluation, logging and checkpoints. A Ray driver
+    (`rltt.orchestration.ray.RayTrainer`) overrides only how the parts are built and saved."""
+
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
-        self.recipe = recipe
-        self.ranks = ranks_from_env(recipe.learner.backend, recipe.rollout.prompts_per_step)
-        self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {  # never over an input
-            "data.source": recipe.data.source, "data.eval_source": recipe.data.eval_source, "model.path": recipe.model.path})
+        self.recipe = r = recipe
+        self.ranks = self._ranks()
+        self.run_dir = check_run_dir(r.logging.run_dir, "logging.run_dir", {  # never over an input
+            "data.source": r.data.source, "data.eval_source": r.data.eval_source, "model.path": r.model.path})
         if resume:
             require_run(self.run_dir, "logging.run_dir", STATE_FILE)
         if not resume and (self.run_dir / "metrics.jsonl").exists():
@@ -65,33 +70,58 @@ class LocalTrainer:
         if self.ranks.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             clean_stale(self.run_dir / "checkpoints")  # .tmp-*/.staged-* of killed writes
-        torch.manual_seed(recipe.seed)
-        if recipe.train.threads:
-            torch.set_num_threads(recipe.train.threads)
-        r = recipe
+        torch.manual_seed(r.seed)
+        if r.train.threads:
+            torch.set_num_threads(r.train.threads)
         self.model_path = resolve_model_path(r.model.path)
-        self.model, self.tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
         self.runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in r.rewards], root=recipe_root)
-        encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
-        template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
-        self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
-        self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
-                                     r.data.eval_split, r.data.eval_size, r.data.seed)
-        self.engine = make_engine(r, self.model)  # before the learner wraps the model
-        self.learner = make_learner(r, self.model, self.ranks.world)
-        self.training = TrainingStep(r, self.engine, self.learner, self.prompts, self.runner, self.tokenizer.decode,
-                                     stop_ids(self.tokenizer), self.tokenizer.pad_token_id or 0, self.ranks,
-                                     thinking_budget(r.rollout.thinking, self.tokenizer))
-        self.step = 0
-        self.first_eval: float | None = None
-        if resume:
-            self._resume()
+        self.engine = self.learner = None
+        try:
+            self.tokenizer, self.engine, self.learner = self._build_parts()
+            encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+            template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
+            self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
+            self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
+                                         r.data.eval_split, r.data.eval_size, r.data.seed)
+            self.training = self._training_step(TrainingStep, self.engine, self.learner, self.prompts, self.runner,
+                                                self.tokenizer.decode, stop_ids(self.tokenizer),
+                                                self.tokenizer.pad_token_id or 0, self.ranks,
+                                                thinking_budget(r.rollout.thinking, self.tokenizer))
+            self.step = 0
+            self.first_eval: float | None = None
+            if resume:
+                self._resume()
+        except BaseException:
+            self.close()
+            raise
         self.logger = None  # rank 0's
         if self.ranks.main:
-            (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
             self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
-                                        resume_step=self.step if resume else None, config=to_dict(recipe))
+                                        resume_step=self.step if resume else None, config=to_dict(r))
+
+    # -- the parts (overridden by the Ray driver) -------------------------------------------------
+    def _ranks(self):
+        return ranks_from_env(self.recipe.learner.backend, self.recipe.rollout.prompts_per_step)
+
+    def _build_parts(self):
+        """(tokenizer, engine, learner) in this process: the engine takes the model before the
+        learner wraps it."""
+        r = self.recipe
+        model, tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
+        engine = make_engine(r, model)
+        return tokenizer, engine, make_learner(r, model, self.ranks.world)
+
+    def _training_step(self, cls, *args):
+        return cls(self.recipe, *args)
+
+    def close(self) -> None:
+        """Release what the parts hold (reward workers; engines with a process of their own)."""
+        self.runner.close()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     def train_step(self, step: int) -> dict:
         """One RL step (`TrainingStep`): its metrics."""
@@ -154,6 +184,12 @@ class LocalTrainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> RunResult:
         from tqdm import tqdm
 
         r = self.recipe
@@ -182,7 +218,6 @@ class LocalTrainer:
                 from rltt.telemetry import maybe_review
 
                 maybe_review(self.run_dir, self.step, r.logging.review_every)
-        self.runner.close()  # stop the reward workers
         if main:
             self.logger.close()
             if r.logging.review_at_end:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
 from rltt.learner.config import AlgorithmConfig, LearnerConfig
+from rltt.orchestration.ray.config import OrchestrationSection
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
                            TrainSection, check_exit_policy, is_file, path_exists)
@@ -164,6 +165,7 @@ class TrainRecipe:
     train: RLTrainSection = field(default_factory=RLTrainSection)
     logging: RLLoggingSection = field(default_factory=RLLoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    orchestration: OrchestrationSection = field(default_factory=OrchestrationSection)
     seed: int = 0
 
     def validate(self) -> None:

@@ -87,6 +87,11 @@ ROLLOUT_EXIT_STEP_MEAN = "rollout/exit_step_mean"
 ROLLOUT_PASSES_PER_TOKEN = "rollout/passes_per_token"
 ROLLOUT_SEQUENCES = "rollout/sequences"
 ROLLOUT_REFILLS = "rollout/refills"
+# Ray orchestration (orchestration.backend=ray)
+ORCH_STALENESS = "orchestration/staleness"
+ORCH_OVERLAP_SAVED_S = "orchestration/overlap_saved_s"
+ORCH_WORKER_RESTARTS = "orchestration/worker_restarts"
+ORCH_REISSUED_SHARDS = "orchestration/reissued_shards"
 
 # held-out evaluation: RL loop and LM stages
 EVAL_SOLVE_RATE = "eval/solve_rate"
@@ -282,6 +287,15 @@ METRICS: tuple[MetricSpec, ...] = (
                "count"),
     MetricSpec(ROLLOUT_REFILLS,
                "extra rollout rounds dynamic sampling drew to replace uniform groups", "count"),
+    # Ray orchestration
+    MetricSpec(ORCH_STALENESS, "weights versions between the rollouts' sampler and the update that "
+               "trains on them (0 on-policy; 1 with orchestration.overlap=1)", "versions"),
+    MetricSpec(ORCH_OVERLAP_SAVED_S, "rollout time hidden behind the previous step's update "
+               "(orchestration.overlap=1)", "s"),
+    MetricSpec(ORCH_WORKER_RESTARTS, "rollout-worker restarts so far (a dead worker, restarted by Ray)",
+               "count"),
+    MetricSpec(ORCH_REISSUED_SHARDS, "rollout shards issued again this step after their worker died "
+               "(the rows come back as they would have)", "count"),
     # held-out evaluation
     MetricSpec(EVAL_SOLVE_RATE,
                "held-out solve rate: fraction of sampled completions judged correct", "fraction",

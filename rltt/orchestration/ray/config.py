@@ -1,0 +1,79 @@
+"""The ``orchestration`` recipe section: where the training step's engine and learner run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, get_args
+
+from rltt.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range, recipe_error
+
+Backend = Literal["local", "ray"]
+Sync = Literal["object_store"]  # a GPU broadcast path (NCCL / vLLM weight transfer) is the next one
+BACKENDS = get_args(Backend)
+SYNCS = get_args(Sync)
+
+
+@dataclass
+class RaySection:
+    """``orchestration.ray``.
+
+    - ``address``: an existing cluster (``auto``, ``ray://host:10001``, ``host:6379``); None
+      starts a local one (no dashboard, ``object_store_mb`` of object store).
+    - ``rollout_workers`` / ``learners``: actor counts. Several learners form one
+      torch.distributed group (gloo on CPU, NCCL on GPU) and need ``learner.backend=deepspeed``.
+    - ``num_cpus`` / ``num_gpus``: resources each actor reserves (0 CPUs: actors only share
+      the machine; torch in an actor runs ``max(1, num_cpus)`` threads).
+    - ``timeout_s``: the longest any wait on the cluster may take (scheduling, a call, a
+      restart); past it the run stops with a one-line error instead of hanging.
+    - ``max_restarts``: how often Ray restarts a dead actor; a dead rollout worker's shard is
+      re-issued once it is back (calls are never retried silently).
+    - ``sync``: how weights reach the rollout workers each step (``object_store``).
+    """
+
+    address: str | None = None
+    rollout_workers: PositiveInt = 1
+    learners: PositiveInt = 1
+    num_cpus: NonNegativeFloat = 0.0
+    num_gpus: NonNegativeFloat = 0.0
+    timeout_s: PositiveFloat = 300.0
+    max_restarts: NonNegativeInt = 3
+    object_store_mb: Annotated[int, Range(ge=64)] = 256
+    sync: Sync = "object_store"
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.num_cpus))
+
+
+@dataclass
+class OrchestrationSection:
+    """``orchestration``: ``backend`` local (one process, or torchrun ranks) | ray; ``overlap`` 1
+    samples step k+1's rollouts while step k learns (one step off-policy; the learner's ratio is
+    against the recorded sampler log-probs)."""
+
+    backend: Backend = "local"
+    overlap: Literal[0, 1] = 0
+    ray: RaySection = field(default_factory=RaySection)
+
+    def validate(self) -> None:
+        if self.overlap and self.backend != "ray":
+            raise recipe_error("orchestration.overlap", "1 needs orchestration.backend=ray (rollouts run on "
+                                                        "their own actors while the learner updates)")
+
+
+def check_recipe(recipe) -> None:
+    """Cross-section checks of a Ray run (one-line `ConfigError` naming the key)."""
+    o = recipe.orchestration
+    ray = o.ray
+    if ray.learners > 1 and recipe.learner.backend != "deepspeed":
+        raise recipe_error("orchestration.ray.learners", f"{ray.learners} learners need learner.backend=deepspeed "
+                                                         f"(the torch backend trains in one process)")
+    if recipe.rollout.prompts_per_step % ray.learners:
+        raise recipe_error("orchestration.ray.learners", f"{ray.learners} does not divide rollout.prompts_per_step="
+                                                         f"{recipe.rollout.prompts_per_step} (each learner takes "
+                                                         f"whole groups)")
+    a = recipe.algorithm
+    if o.overlap and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.tis_cap is not None):
+        raise recipe_error("orchestration.overlap", "1 trains on rollouts one step old: it needs the ratio against "
+                                                    "the sampler's log-probs (algorithm.policy_logprob=exit with "
+                                                    "hybrid_logprob=true, or algorithm.tis_cap)")

@@ -1,0 +1,34 @@
+"""The orchestration recipe section: bad values are one-line errors naming the key."""
+
+import pytest
+
+from rltt.errors import ConfigError
+from rltt.orchestration.ray.config import check_recipe
+from rltt.orchestration.recipe import load_train_recipe
+
+from ..test_local import write_recipe
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["orchestration.backend=spark"], "orchestration.backend"),
+    (["orchestration.overlap=1"], "orchestration.overlap"),  # needs backend=ray
+    (["orchestration.backend=ray", "orchestration.ray.rollout_workers=0"], "orchestration.ray.rollout_workers"),
+    (["orchestration.backend=ray", "orchestration.ray.timeout_s=0"], "orchestration.ray.timeout_s"),
+    (["orchestration.backend=ray", "orchestration.ray.sync=nccl"], "orchestration.ray.sync"),
+])
+def test_bad_orchestration_values(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_train_recipe(write_recipe(tmp_path), overrides)
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["orchestration.ray.learners=2"], "orchestration.ray.learners"),  # the torch backend is one process
+    (["orchestration.ray.learners=4", "learner.backend=deepspeed"], "orchestration.ray.learners"),  # 2 prompts
+    (["orchestration.overlap=1", "algorithm.hybrid_logprob=false"], "orchestration.overlap"),
+])
+def test_cross_section_checks(tmp_path, overrides, key):
+    recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *overrides])
+    with pytest.raises(ConfigError) as err:
+        check_recipe(recipe)
+    assert key in str(err.value) and "\n" not in str(err.value)

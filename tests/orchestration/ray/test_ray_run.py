@@ -1,0 +1,107 @@
+"""`rltt train RECIPE orchestration.backend=ray`: the same training step as the local loop, so the
+same metrics.jsonl (every numeric key but timings) — also when a rollout worker is killed
+mid-generate; `overlap: 1` trains one step off-policy and resumes exactly."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from rltt.cli.main import main
+from rltt.orchestration.local import LocalTrainer
+from rltt.orchestration.ray.rollout_pool import RayRolloutPool
+from rltt.orchestration.ray.trainer import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS, RayTrainer
+from rltt.orchestration.recipe import load_train_recipe
+from rltt.telemetry import read_metrics
+
+from ..test_local import write_recipe
+
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]
+
+STEPS = ["train.steps=6", "train.eval_every=3", "checkpoint.every=3"]
+RAY = ["orchestration.backend=ray", "orchestration.ray.timeout_s=120"]
+
+
+def timing(key: str) -> bool:
+    return key.startswith("time/") or key in ("wall_time", "throughput/tokens_per_s", "memory/peak_gb") \
+        or key == OVERLAP_SAVED
+
+
+def assert_same_metrics(got: list[dict], want: list[dict], exact: bool = False):
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        for key, value in w.items():
+            if timing(key) or not isinstance(value, (int, float)):
+                continue
+            assert key in g, (w["step"], key)
+            if exact:
+                assert g[key] == value, (w["step"], key)
+            else:  # actors run torch single-threaded: the last bits of a sum may differ
+                assert g[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (w["step"], key)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local")
+    LocalTrainer(load_train_recipe(write_recipe(tmp), STEPS), recipe_root=tmp).run()
+    return read_metrics(tmp / "run")
+
+
+def test_ray_run_with_a_worker_killed_mid_generate_equals_the_local_loop(ray_cluster, local_run, tmp_path,
+                                                                         monkeypatch):
+    path = write_recipe(tmp_path)
+    run_dir = tmp_path / "run"
+    calls, killed = [], []
+    submit = RayRolloutPool.submit
+
+    def submit_then_kill(self, prompts, params):
+        pending = submit(self, prompts, params)
+        calls.append(len(pending.parts))
+        if len(calls) == 4:  # step 3's rollout (after the step-0 evaluation and steps 1-2), in flight
+            worker = pending.parts[-1].worker
+            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
+            pid = next(a["pid"] for a in actors if a["role"] == "rollout" and a["index"] == worker)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return pending
+
+    monkeypatch.setattr(RayRolloutPool, "submit", submit_then_kill)
+    assert main(["train", str(path), *STEPS, *RAY, "orchestration.ray.rollout_workers=2"]) == 0
+    assert len(killed) == 1 and calls[1:4] == [2, 2, 2]  # each step's prompts split over both workers
+    records = read_metrics(run_dir)
+    assert_same_metrics(records, local_run)
+    steps = [r for r in records if r["step"] > 0]
+    assert [r[STALENESS] for r in steps] == [0] * 6
+    assert steps[-1][WORKER_RESTARTS] == 1 and steps[-1][RESHARDS] == 1
+    actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
+    assert sorted((a["role"], a["index"]) for a in actors) == [("learner", 0), ("rollout", 0), ("rollout", 1)]
+    restarted = [a for a in actors if a["restarts"]]
+    assert len(restarted) == 1 and restarted[0]["pid"] != killed[0]
+
+
+OVERLAP = ["train.steps=3", "train.eval_every=0", "checkpoint.every=1", *RAY, "orchestration.overlap=1"]
+
+
+def test_overlap_trains_one_step_stale_and_resumes_exactly(ray_cluster, tmp_path, monkeypatch):
+    straight = write_recipe(tmp_path / "a")
+    RayTrainer(load_train_recipe(straight, OVERLAP), recipe_root=tmp_path / "a").run()
+    want = read_metrics(tmp_path / "a" / "run")
+    assert [r[STALENESS] for r in want] == [0, 1, 1]  # step 1 sampled at version 0, steps 2-3 one version late
+    assert all(OVERLAP_SAVED in r for r in want[:2]) and OVERLAP_SAVED not in want[2]
+
+    crashed = write_recipe(tmp_path / "b")
+    save = RayTrainer.save
+
+    def save_then_crash(self):
+        final = save(self)
+        if self.step == 1:
+            raise KeyboardInterrupt  # the run dies after step 1's checkpoint, its step-2 rollouts in flight
+        return final
+
+    monkeypatch.setattr(RayTrainer, "save", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        RayTrainer(load_train_recipe(crashed, OVERLAP), recipe_root=tmp_path / "b").run()
+    monkeypatch.setattr(RayTrainer, "save", save)
+    RayTrainer(load_train_recipe(crashed, OVERLAP), resume=True, recipe_root=tmp_path / "b").run()
+    assert_same_metrics(read_metrics(tmp_path / "b" / "run"), want, exact=True)
