@@ -52,10 +52,10 @@ def write_recipe(tmp_path, **overrides):
 def test_three_steps_change_parameters_and_write_every_metric(tmp_path):
     path = write_recipe(tmp_path)
     trainer = LocalTrainer(load_train_recipe(path), recipe_root=tmp_path)
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.learner_model().state_dict().items()}
     result = trainer.run()
     assert result.steps == 3
-    after = trainer.model.state_dict()
+    after = trainer.learner_model().state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     records = read_metrics(tmp_path / "run")
     steps = [r for r in records if r["step"] > 0]
