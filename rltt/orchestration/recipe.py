@@ -64,9 +64,52 @@ class RewardSpec:
     weight: float = 1.0
 
 
+ENGINES = ("native", "vllm")
+
+
+@dataclass
+class VllmSection:
+    """``rollout.vllm``: settings of the vLLM engine (``rollout.engine: vllm``).
+
+    ``kv_cache_gb``: CPU KV cache space in GiB; ``gpu_memory_utilization``: the fraction of the GPU
+    vLLM may take (weights + KV cache; the learner needs the rest); ``max_model_len`` (null: the
+    model's max_position_embeddings); ``tensor_parallel_size``; ``enforce_eager`` (null: eager on
+    CPU, CUDA graphs on GPU); ``max_num_seqs``: sequences decoded at once; ``enable_prefix_caching``
+    (a group's rows share their prompt's KV); ``multiprocess``: vLLM's engine core in its own process."""
+
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    enforce_eager: bool | None = None
+    max_num_seqs: int = 256
+    enable_prefix_caching: bool = True
+    multiprocess: bool = False
+
+    def validate(self) -> None:
+        if self.kv_cache_gb < 1:
+            raise recipe_error("rollout.vllm.kv_cache_gb", f"must be >= 1 (GiB), got {self.kv_cache_gb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise recipe_error("rollout.vllm.gpu_memory_utilization", f"must be in (0, 1], got "
+                                                                       f"{self.gpu_memory_utilization}")
+        for key in ("tensor_parallel_size", "max_num_seqs"):
+            if getattr(self, key) < 1:
+                raise recipe_error(f"rollout.vllm.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise recipe_error("rollout.vllm.max_model_len", f"must be >= 2 or null, got {self.max_model_len}")
+
+    def engine_options(self) -> dict:
+        """Keyword arguments of `rltt.rollout.vllm_engine.VllmEngine`."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
 @dataclass
 class RolloutSection:
-    """``group_size`` = G completions per prompt; ``prompts_per_step`` groups per RL step."""
+    """``group_size`` = G completions per prompt; ``prompts_per_step`` groups per RL step.
+    ``engine``: ``native`` (rltt's PyTorch engine: dense or deferred schedule, bitwise replay) or
+    ``vllm`` (vLLM: paged KV cache, continuous batching; dense schedule only; ``rollout.vllm``)."""
 
     engine: str = "native"
     prompts_per_step: int = 8
@@ -78,13 +121,16 @@ class RolloutSection:
     exit_policy: str | None = None
     schedule: str = "deferred"
     stop_strings: list[str] = field(default_factory=list)
+    vllm: VllmSection = field(default_factory=VllmSection)
 
     def validate(self) -> None:
-        if self.engine != "native":
-            raise recipe_error("rollout.engine", f"only the native engine is available (the vLLM worker is not built "
-                                                 f"yet), got {self.engine!r}")
+        if self.engine not in ENGINES:
+            raise recipe_error("rollout.engine", f"must be one of {' | '.join(ENGINES)}, got {self.engine!r}")
         if self.schedule not in SCHEDULES:
             raise recipe_error("rollout.schedule", f"must be one of {' | '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.engine == "vllm" and self.schedule != "dense":
+            raise recipe_error("rollout.schedule", f"vLLM computes every step of every token, so rollout.engine=vllm "
+                                                   f"needs rollout.schedule=dense, got {self.schedule!r}")
         for key in ("prompts_per_step", "group_size", "max_new_tokens"):
             if getattr(self, key) < 1:
                 raise recipe_error(f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
