@@ -79,6 +79,8 @@ class VllmEngine(RolloutEngine):
     - anything else is passed to ``vllm.LLM`` as is.
     """
 
+    _in_process = 0  # live engines whose vLLM engine core runs in this process
+
     def __init__(self, model_or_path: Any, *, dtype: str | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
                  tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int = 256,
@@ -113,6 +115,8 @@ class VllmEngine(RolloutEngine):
         from vllm import LLM
 
         self.llm = LLM(**options)
+        if not multiprocess:
+            VllmEngine._in_process += 1
         self.llm.collective_rpc("rltt_install")
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.weights_version = 0
@@ -152,14 +156,24 @@ class VllmEngine(RolloutEngine):
                             "(use rollout.engine=native)")
 
     def close(self) -> None:
-        """Shut vLLM down and remove the temporary model directory."""
+        """Shut vLLM down and remove the temporary model directory.
+
+        In-process engines share vLLM's process-wide state (its distributed groups), which
+        vLLM's shutdown tears down: only the last live in-process engine shuts vLLM down."""
         llm = getattr(self, "llm", None)
         if llm is not None:
-            try:
-                llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
             self.llm = None
+            if not self.multiprocess:
+                VllmEngine._in_process -= 1
+            if self.multiprocess or VllmEngine._in_process == 0:
+                try:
+                    llm.llm_engine.engine_core.shutdown()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+            del llm
+            import gc
+
+            gc.collect()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

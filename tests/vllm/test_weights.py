@@ -66,3 +66,12 @@ def test_load_weights_checks_version_and_names(engine):
     with pytest.raises(RlttError, match="unexpected \\['extra'\\]"):
         engine.load_weights(served + 1, dict(state, extra=torch.zeros(1)))
     assert engine.weights_version == served
+
+
+def test_head_dim_below_64_fails_before_vllm_starts():
+    from rltt.rollout.vllm_engine import VllmEngine
+
+    small = looped_model(num_loops=2, hidden_size=64, num_attention_heads=2, head_dim=32)
+    with pytest.raises(RlttError, match="head_dim >= 64") as err:
+        VllmEngine(small, **ENGINE_OPTIONS)
+    assert "\n" not in str(err.value)
