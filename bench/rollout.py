@@ -3,6 +3,8 @@
     python bench/rollout.py                      # full run (< 8 min on 2 CPU cores)
     python bench/rollout.py --write              # … and update bench/RESULTS.md's section
     python bench/rollout.py --group 8            # RL-shaped batches: G = 8 rows per prompt
+    python bench/rollout.py --engine vllm --batch-sizes 1,8,32,256 --group 8 --clock wall
+                                                 # vLLM vs native dense and deferred
 
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
@@ -142,6 +144,59 @@ def run(args) -> tuple[list[dict], str]:
     return rows, table(rows)
 
 
+def run_vllm(args) -> tuple[list[dict], str]:
+    """vLLM (`VllmEngine`, dense) against the native engine's dense and deferred schedules: same model,
+    prompts, greedy tokens and sampled exits (vLLM draws the same counter-based exits; checked)."""
+    from rltt.rollout.vllm_engine import VllmEngine
+
+    torch.set_num_threads(args.threads)
+    model = build_model(args)
+    native_engine = NativeEngine(model)
+    vllm_engine = VllmEngine(model, kv_cache_gb=args.kv_cache_gb, max_model_len=args.prompt_len + args.new_tokens,
+                             max_num_seqs=max(args.batch_sizes))
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    rows = []
+    try:
+        for bsz in args.batch_sizes:
+            gen = torch.Generator().manual_seed(bsz)
+            group = args.group if bsz % args.group == 0 else 1
+            distinct = torch.randint(1, args.vocab, (bsz // group, args.prompt_len), generator=gen).tolist()
+
+            def params(schedule):
+                return SamplingParams(temperature=0, max_new_tokens=args.new_tokens, exit_policy="sample",
+                                      schedule=schedule, seed=1, ignore_eos=True, n=group)
+
+            configs = {"dense": lambda: native_engine.generate(distinct, params("dense")),
+                       "deferred": lambda: native_engine.generate(distinct, params("deferred")),
+                       "vllm": lambda: vllm_engine.generate(distinct, params("dense"))}
+            vllm_engine.generate(distinct, params("dense"))  # warm-up
+            best, outs = {k: float("inf") for k in configs}, {}
+            for _ in range(args.repeats):
+                for name, fn in configs.items():
+                    seconds, outs[name] = timed(fn, clock)
+                    best[name] = min(best[name], seconds)
+            same = bool(torch.equal(outs["vllm"].completion_ids, outs["dense"].completion_ids)
+                        and torch.equal(outs["vllm"].exit_steps, outs["dense"].exit_steps))
+            tokens = bsz * args.new_tokens
+            row = dict(batch=bsz, group=group, mean_exit=float(outs["vllm"].exit_steps.float().mean()), same=same,
+                       **{f"{k}_tps": tokens / v for k, v in best.items()})
+            row["vs_dense"], row["vs_deferred"] = row["vllm_tps"] / row["dense_tps"], row["vllm_tps"] / row["deferred_tps"]
+            rows.append(row)
+            print(f"batch {bsz}: vLLM {row['vllm_tps']:.1f} tok/s, native dense {row['dense_tps']:.1f} "
+                  f"({row['vs_dense']:.2f}x), deferred {row['deferred_tps']:.1f} ({row['vs_deferred']:.2f}x), "
+                  f"same tokens and exits: {same}", flush=True)
+    finally:
+        vllm_engine.close()
+    lines = ["| batch (prompts × G) | E[t*] | vLLM tok/s | native dense tok/s | native deferred tok/s "
+             "| vLLM/dense | vLLM/deferred | same tokens + exits |",
+             "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['mean_exit']:.2f} | "
+                     f"{r['vllm_tps']:.1f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | **{r['vs_dense']:.2f}×** | "
+                     f"**{r['vs_deferred']:.2f}×** | {'yes' if r['same'] else 'no'} |")
+    return rows, "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| batch (prompts × G) | E[t*] | dense tok/s | deferred tok/s | deferred/dense | passes/token dense → deferred "
@@ -189,12 +244,15 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="cpu: process CPU time (robust on a shared machine); wall: elapsed time")
+    parser.add_argument("--engine", choices=("native", "vllm"), default="native",
+                        help="vllm: VllmEngine against native dense and deferred (needs vLLM)")
+    parser.add_argument("--kv-cache-gb", type=float, default=1, help="with --engine vllm: CPU KV cache space (GiB)")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument("--append", action="store_true",
                         help="with --write: add this table to the section instead of replacing it")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    rows, md = run(args)
+    rows, md = run_vllm(args) if args.engine == "vllm" else run(args)
     md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}; prompts of {args.prompt_len} "
           f"tokens, {args.new_tokens} new tokens per row; {args.threads} thread(s); throughput in tokens per "
           f"{'CPU' if args.clock == 'cpu' else 'wall-clock'} second, best of {args.repeats}.\n\n{md}")
@@ -203,7 +261,8 @@ def main(argv=None) -> None:
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.write:
         body = f"Command: `{command.strip()}`\n\n{md}\n"
-        write_section(Path(__file__).with_name("RESULTS.md"), body if args.append else f"{body}\n{NOTES}",
+        notes = "" if args.engine == "vllm" else NOTES
+        write_section(Path(__file__).with_name("RESULTS.md"), body if args.append or not notes else f"{body}\n{notes}",
                       append=args.append)
 
 

