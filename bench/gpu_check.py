@@ -686,13 +686,13 @@ def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
                f"completions {p['completion_len'] // 2}-{p['completion_len']} tokens, micro-batch {p['micro']}, packed "
                f"scoring, ppo_clip exit log-prob, torch AdamW bf16, log-prob kernel "
                f"{resolve_impl(None, learner.device)}; timed step after one warm-up step")
-    t_first, _ = ctx.timed(lambda: learner.train_step(batch))
+    t_first, _ = ctx.timed(lambda: learner.update(batch))
     sec.add("first_step_s", round(t_first, 3), "s (AdamW state allocation, compiles)", setting)
     if not deadline.allows(1.2 * t_first):
         sec.skip("timed learner step")
         return
     with PeakMemory(ctx) as mem:
-        t_step, metrics = ctx.timed(lambda: learner.train_step(batch))
+        t_step, metrics = ctx.timed(lambda: learner.update(batch))
     sec.add("step_s", round(t_step, 3), "s", setting)
     sec.add("scored_tokens_per_s", round(scored / t_step, 1), f"tok/s ({scored} completion tokens)", setting)
     sec.add("packed_tokens_per_s", round(packed / t_step, 1), f"tok/s ({packed} packed tokens, each prompt once)",

@@ -36,7 +36,7 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogp
     cfg = model.config
     if batch.schedule.kind == "vllm":
         raise RlttError("replay: a vLLM rollout has no pass record to replay (vLLM batches requests its own way); "
-                        "score it with dense_logprobs")
+                        "the learner scores it with its dense forward at the recorded exits")
     if cfg.num_loops != batch.num_loops:
         raise RlttError(f"replay: the model has num_loops={cfg.num_loops}, the rollout {batch.num_loops}")
     lengths = batch.prompt_lengths.tolist()

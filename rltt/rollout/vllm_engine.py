@@ -183,12 +183,9 @@ class VllmEngine(RolloutEngine):
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     # -- weights ---------------------------------------------------------------------------
-    def load_weights(self, version, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Take the learner's weights in place (names of ``LoopedForCausalLM.state_dict()``),
-        set ``weights_version = version`` and drop the prefix cache. ``load_weights(state_dict)``
-        (no version) bumps the version by one."""
-        if tensors is None and isinstance(version, Mapping):
-            version, tensors = self.weights_version + 1, version
+        set ``weights_version = version`` and drop the prefix cache."""
         if isinstance(version, bool) or not isinstance(version, int) or version < self.weights_version:
             raise RlttError(f"VllmEngine.load_weights: version must be an int >= the served version "
                             f"{self.weights_version}, got {version!r}")
@@ -227,9 +224,6 @@ class VllmEngine(RolloutEngine):
                 raise RlttError("VllmEngine.load_weights: the served LM head does not equal the weights sent "
                                 "(the in-place reload did not take)")
         self.weights_version = version
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.load_weights(self.weights_version + 1, model.state_dict())
 
     def _expected_names(self) -> set[str]:
         if not hasattr(self, "_names"):

@@ -9,7 +9,8 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model import load_ouro
-from rltt.rollout import NativeEngine, SamplingParams, dense_logprobs, replay_logprobs
+from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
+from tests.rollout.helpers import dense_logprobs
 from tests.model.test_ouro_import import CFG as OURO_CFG
 from tests.model.test_ouro_import import write_ouro_checkpoint
 from tests.vllm.helpers import ENGINE_OPTIONS, PROMPTS, looped_model, needs_vllm
