@@ -48,7 +48,7 @@ machine: 2 cores, idle, 1 thread, CPU time):
   almost the same entries as dense (column 7: a deeper later token needs the pending entries of
   earlier ones; only the tail stays pending). On the d=512 model one core is compute-bound
   (~90 GFLOP/s in the GEMMs): deferred 1.01-1.10x; on the tiny model (d=128, L=2) the small ops
-  of the multi-token entries cost more than the passes saved: 0.89-0.94x. The SPEC's gain
+  of the multi-token entries cost more than the passes saved: 0.89-0.94x. The published gain
   (ScaleRLT's 1.56x) needs passes whose cost does not grow with the pending entries riding
   along: memory-bound decode on a GPU. Not measured: no GPU was lent to this task.
 - Native vs generate() with final exits run identical FLOPs per token. With one prompt per row

@@ -1,6 +1,6 @@
 """Pretraining stability at tiny scale: exit-gate collapse and gradient flow by norm placement.
 
-Reproduces two findings of the seed (SPEC §4, §6) with short CPU pretraining runs on the
+Reproduces two known failure modes of looped-model pretraining (docs/design.md §5, §6) with short CPU pretraining runs on the
 synthetic task:
 
 1. **Gate collapse**: without LR warmup the exit gate collapses onto loop 1; with β = 0.05

@@ -14,7 +14,7 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``curate`` sub-command."""
     parser = subparsers.add_parser(
-        "curate", help="solve-rate curation: keep prompts with 0.1 <= solve rate <= 0.9 (SPEC §5)",
+        "curate", help="solve-rate curation: keep prompts with 0.1 <= solve rate <= 0.9 (docs/design.md §5.10)",
         description="Sample K completions per prompt with the recipe's policy, store each prompt's solve rate in "
                     "PATH (.jsonl or .parquet; a rerun resumes it), keep the band, and write the kept prompts "
                     "as a GSM8K file (PATH stem + .kept.jsonl/.parquet) and a histogram (PATH stem + .hist.png).")

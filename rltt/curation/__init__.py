@@ -1,4 +1,4 @@
-"""Solve-rate curation (SPEC §5): `rltt curate` and `rltt eval`.
+"""Solve-rate curation (docs/design.md §5.10): `rltt curate` and `rltt eval`.
 
 - `run_curation(CurationJob, engine, encode, decode, runner)`: the resumable loop (any engine).
 - `curate_recipe` / `evaluate_recipe`: the same on a train recipe's policy, sampling and rewards.

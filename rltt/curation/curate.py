@@ -1,4 +1,4 @@
-"""The curation loop (SPEC §5): k completions per prompt → solve rate → the kept band.
+"""The curation loop (docs/design.md §5.10): k completions per prompt → solve rate → the kept band.
 
 `run_curation` takes any `RolloutEngine`, so the policy can be a real LoopLM or a scripted test
 engine. Prompts not yet in the output are sampled in blocks of consecutive source positions

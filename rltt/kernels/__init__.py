@@ -1,4 +1,4 @@
-"""Per-loop log-prob kernels (SPEC §3).
+"""Per-loop log-prob kernels (docs/design.md §4).
 
 ``per_loop_logprobs(hidden (T, N, d), weight (V, d), targets (N,))`` returns the log-prob of
 each target under every loop's distribution and every loop's entropy, without ever holding

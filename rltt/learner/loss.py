@@ -1,4 +1,4 @@
-"""The RL loss of one micro-batch from its loop scores (SPEC §2.3–2.4, §4)."""
+"""The RL loss of one micro-batch from its loop scores (docs/design.md §3, §5.3–5.4, §5)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Per-loop scoring of completion tokens: LP[t, j] = log P^(t)(y_j), entropies and exit probabilities.
 
 The learner's forward is the dense one (every position runs all T steps); deferred rollouts
-compute the same function (SPEC §2.1), and the recorded exit steps are replayed as data.
+compute the same function (docs/design.md §2.1–2.3), and the recorded exit steps are replayed as data.
 Log-probs go through `rltt.kernels` inside the LM head, so no (T, N, V) logits exist.
 """
 

@@ -1,4 +1,4 @@
-"""KV cache with one slot per (step, layer) — Ouro's index (t − 1)·L + l (SPEC §1.3) — and masks."""
+"""KV cache with one slot per (step, layer) — Ouro's index (t − 1)·L + l (docs/design.md §1.7) — and masks."""
 
 from __future__ import annotations
 

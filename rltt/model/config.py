@@ -1,4 +1,4 @@
-"""`LoopConfig`: the Hugging Face config of a looped language model (SPEC §1.1)."""
+"""`LoopConfig`: the Hugging Face config of a looped language model (docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exit gate arithmetic and exit policies (SPEC §1.1, §1.4).
+"""Exit gate arithmetic and exit policies (docs/design.md §1, §1.8).
 
 Steps are 1-based throughout rltt: t* ∈ {1, …, T}.
 """

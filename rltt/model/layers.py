@@ -75,7 +75,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class StepLinear(nn.Linear):
-    """nn.Linear with an optional LoRA adapter per loop step (SPEC §1.1, off by default).
+    """nn.Linear with an optional LoRA adapter per loop step (docs/design.md §1, off by default).
 
     ``forward(x, step)``: step is a 1-based int for the whole batch or a LongTensor (B,) giving
     each row its own step (depth-mixed batching).

@@ -1,4 +1,4 @@
-"""Objectives for looped language models: pure tensor functions (SPEC §1.1, §2.3–2.4, §4).
+"""Objectives for looped language models: pure tensor functions (docs/design.md §1, §3, §5.3–5.4, §5).
 
 - :mod:`rltt.objectives.lm`: exit distribution, pretraining and smoothed-exit LM losses
 - :mod:`rltt.objectives.logprob`: policy log-prob definitions and the hybrid log-prob

@@ -1,4 +1,4 @@
-"""Language-model objectives for looped models (SPEC §1.1, §4).
+"""Language-model objectives for looped models (docs/design.md §1, §5).
 
 A looped model produces, for every target token, one loss per loop step t = 1..T and an
 exit distribution p over the steps. The two language-model stages combine them as
@@ -69,7 +69,7 @@ def step_losses_from_logprobs(target_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-step cross-entropy from per-loop log-probs of the targets: ``L_t = −LP_t``.
 
     ``target_logprobs`` is LP (T, B, S) with ``LP[t, b, j] = log P^(t)(y_{b,j})``, e.g. from
-    the fused per-loop log-prob kernel (SPEC §3).
+    the fused per-loop log-prob kernel (docs/design.md §4).
     """
     return -target_logprobs
 
@@ -78,7 +78,7 @@ def step_losses_from_logits(step_logits: torch.Tensor, targets: torch.Tensor) ->
     """Per-step cross-entropy from full per-step logits (T, B, S, V) and targets (B, S).
 
     The naive path: it materialises a (T, B, S, V) log-softmax, so use it for small models and
-    references; the fused kernels (SPEC §3) avoid that. Targets must be valid token ids at
+    references; the fused kernels (docs/design.md §4) avoid that. Targets must be valid token ids at
     every position (mask padding in the loss instead, not with an ignore index).
     """
     if step_logits.dim() != targets.dim() + 2 or step_logits.shape[1:-1] != targets.shape:
@@ -188,7 +188,7 @@ def looped_lm_loss(
     mask: torch.Tensor | None = None,
     beta: float = 0.15,
 ) -> LoopedLMLoss:
-    """Pretraining objective (SPEC §4): ``L = mean_tokens[ Σ_t p_t L_t − β H(p) ]``.
+    """Pretraining objective (docs/design.md §5): ``L = mean_tokens[ Σ_t p_t L_t − β H(p) ]``.
 
     ``step_losses`` L (T, B, S) is the per-token cross-entropy of each step, ``exit_probs`` p
     (T, B, S) the exit distribution, ``mask`` (B, S) selects the tokens averaged over (all
@@ -205,7 +205,7 @@ def smoothed_exit_loss(
     eps: float = 0.05,
     beta: float = 0.15,
 ) -> LoopedLMLoss:
-    """Conversion objective (SPEC §4)::
+    """Conversion objective (docs/design.md §5)::
 
         L = mean_tokens[ (1 − ε) Σ_t p_t L_t + (ε / T) Σ_t L_t − β H(p) ]
 

@@ -1,4 +1,4 @@
-"""Policy log-prob definitions for looped models (SPEC §2.3) and the hybrid log-prob (§2.4).
+"""Policy log-prob definitions for looped models (docs/design.md §5.3–5.4) and the hybrid log-prob (§2.4).
 
 Inputs, per completion token j of row b:
 
@@ -162,7 +162,7 @@ def hybrid_logprob(
     logp_rollout: torch.Tensor,
     logp_dense_at_rollout: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hybrid log-prob (SPEC §2.4): ``logp_dense + sg(logp_rollout − logp_dense(θ_rollout))``.
+    """Hybrid log-prob (docs/design.md §3): ``logp_dense + sg(logp_rollout − logp_dense(θ_rollout))``.
 
     Computed in the equivalent form ``sg(logp_rollout) + (logp_dense − sg(logp_dense(θ_rollout)))``
     so that at θ = θ_rollout (where the learner recomputes ``logp_dense`` bit-identically to

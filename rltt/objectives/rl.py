@@ -1,4 +1,4 @@
-"""RLTT / GRPO objectives (SPEC §4): group advantages, policy losses, aggregation, KL.
+"""RLTT / GRPO objectives (docs/design.md §5): group advantages, policy losses, aggregation, KL.
 
 Batch layout: B = n_groups · G rows, the G completions of one prompt are consecutive rows
 ``[g*G : (g+1)*G]``. Per-token tensors are (B, S) over completion tokens with a (B, S) mask

@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface (SPEC §2, §7).
+"""Rollout engines behind one interface (docs/design.md §2, §7).
 
 - `RolloutEngine`: ``generate(prompts, SamplingParams) -> RolloutBatch``,
   ``load_weights(version, tensors)`` and ``weights_version``.

@@ -5,7 +5,7 @@ tensors are right-padded to ``C = max completion length`` and come with ``comple
 and ``completion_mask``; step-indexed tensors have the step axis first (T, R, C), as in
 `rltt.model.LoopOutput`. Steps are 1-based.
 
-The schedule record (SPEC §2.2) lists, for every serial pass of the shared block, the work it
+The schedule record (docs/design.md §2.5) lists, for every serial pass of the shared block, the work it
 did: for each row, the contiguous range of positions ``start..end`` it computed at one step
 (``end`` is the row's decode token; ``start < end`` means pending entries of earlier tokens —
 or the prompt — were computed in the same pass), and which rows' decode tokens exited (were

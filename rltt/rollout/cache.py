@@ -1,7 +1,7 @@
 """Per-(step, layer) KV cache of the native engine and the depth-mixed attention over it.
 
 `StepKVCache` preallocates, for every layer l, keys and values of shape
-(T, R, Hkv, max_len, D): slot (t, l) of SPEC §1.3 is ``keys[l][t − 1]``, and token p of row r
+(T, R, Hkv, max_len, D): slot (t, l) of docs/design.md §1.7 is ``keys[l][t − 1]``, and token p of row r
 at step t lives at ``[t − 1, r, :, p]``. Nothing is ever moved or concatenated.
 
 `GroupedAttend` is the ``attend`` callable one pass hands to the shared block. The pass holds

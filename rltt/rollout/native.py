@@ -1,4 +1,4 @@
-"""The native PyTorch rollout engine: batched, depth-mixed, `dense` or `deferred` (SPEC §2).
+"""The native PyTorch rollout engine: batched, depth-mixed, `dense` or `deferred` (docs/design.md §2).
 
 One call of `NativeEngine.generate` runs serial passes of the shared block until every row
 has finished. Each pass (see `Scheduler`) advances every active row's decode token by one

@@ -80,9 +80,9 @@ class SamplingParams:
       (prompt_seeds[i], j), so a prompt's samples do not depend on the other prompts of the call
       (batched curation); equal to a one-prompt call with ``seed=prompt_seeds[i]``.
     - ``n``: completions per prompt (a group); rows are prompt-major.
-    - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (SPEC §1.4);
+    - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (docs/design.md §1.8);
       None uses the model config's.
-    - ``schedule``: ``dense`` (every token runs all T steps) or ``deferred`` (SPEC §2.1).
+    - ``schedule``: ``dense`` (every token runs all T steps) or ``deferred`` (docs/design.md §2.1–2.3).
     - ``thinking``: a `ThinkingBudget` (forced answer after ``budget`` unclosed thinking tokens),
       or None.
     """

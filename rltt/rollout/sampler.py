@@ -1,7 +1,7 @@
 """Token sampling, sampling log-probs and online exit decisions.
 
 Exit decisions are made step by step, from the gate probabilities computed so far, so a
-token exits without computing deeper steps (SPEC §1.4):
+token exits without computing deeper steps (docs/design.md §1.8):
 
 - ``final`` / ``fixed:k``: t* = T / k, known upfront;
 - ``threshold:q``: exit at the first t with CDF_t ≥ q (else T) — the CDF is computed with

@@ -2,7 +2,7 @@
 
 Every active row has one *decode token* (position ``cursor``: the token whose state produces
 the row's next token) and advances it by one step per pass, so rows never wait for each other
-(depth-mixed batching, SPEC §2.1). For every step s the entries computed so far form a prefix
+(depth-mixed batching, docs/design.md §2.1–2.3). For every step s the entries computed so far form a prefix
 of the row's positions, ``frontier[s]``: whenever step s is computed for a token, the pending
 step-s entries of all earlier tokens are computed in the same pass. So a pass asks, per row,
 for step ``s = depth + 1`` at the contiguous positions ``frontier[s] .. cursor``; their step

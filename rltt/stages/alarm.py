@@ -1,4 +1,4 @@
-"""Gate-collapse alarm (SPEC §4, §6): the exit mass sits on loop 1.
+"""Gate-collapse alarm (docs/design.md §5, §6): the exit mass sits on loop 1.
 
 Without LR warmup (or with a small entropy weight β) the exit gate of a LoopLM can learn to
 exit after the first loop; the model then trains as a plain transformer and the LM loss does

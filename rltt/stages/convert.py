@@ -1,4 +1,4 @@
-"""``rltt convert``: dense HF checkpoint → LoopLM, trained with the smoothed exit loss (SPEC §4).
+"""``rltt convert``: dense HF checkpoint → LoopLM, trained with the smoothed exit loss (docs/design.md §5).
 
 ``model.dense_path`` is a local Qwen3 / Qwen2 / Llama checkpoint. With
 ``model.create_dense_if_missing`` a small dense Qwen3 is first built there (tokenizer trained

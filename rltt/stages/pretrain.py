@@ -1,4 +1,4 @@
-"""``rltt pretrain``: a LoopLM from scratch on local text or the synthetic task (SPEC §4)."""
+"""``rltt pretrain``: a LoopLM from scratch on local text or the synthetic task (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rltt.objectives.logprob against loop implementations of SPEC §2.3–2.4."""
+"""rltt.objectives.logprob against loop implementations of docs/design.md §5.3–5.4"""
 
 import math
 

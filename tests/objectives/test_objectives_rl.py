@@ -1,4 +1,4 @@
-"""rltt.objectives.rl against hand computations (SPEC §4)."""
+"""rltt.objectives.rl against hand computations (docs/design.md §5)."""
 
 import math
 
