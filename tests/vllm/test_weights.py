@@ -15,8 +15,28 @@ pytestmark = [pytest.mark.heavy, pytest.mark.slow, needs_vllm]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=10, exit_policy="threshold:0.5", schedule="dense", seed=0)
 
 
+def _new_model():
+    old_model = looped_model(num_loops=2, seed=0, injection="scalar")
+    new_model = looped_model(num_loops=2, seed=0, injection="scalar")
+    new_model.load_state_dict(perturbed(old_model, scale=0.2))
+    return new_model
+
+
 @pytest.fixture(scope="module")
-def engine():
+def fresh_on_new_weights():
+    """Greedy rows of a fresh engine built on the new weights, made (and shut down) before the
+    module's engine starts: one in-process vLLM engine at a time, as in a training run."""
+    from rltt.rollout.vllm_engine import VllmEngine
+
+    fresh = VllmEngine(_new_model(), **ENGINE_OPTIONS)
+    try:
+        return fresh.generate(PROMPTS, GREEDY)
+    finally:
+        fresh.close()
+
+
+@pytest.fixture(scope="module")
+def engine(fresh_on_new_weights):
     from rltt.rollout.vllm_engine import VllmEngine
 
     built = VllmEngine(looped_model(num_loops=2, seed=0, injection="scalar", tie_word_embeddings=False),
@@ -25,15 +45,12 @@ def engine():
     built.close()
 
 
-def test_load_weights_in_place_equals_fresh_engine(engine):
-    from rltt.rollout.vllm_engine import VllmEngine
-
+def test_load_weights_in_place_equals_fresh_engine(engine, fresh_on_new_weights):
     old_model = looped_model(num_loops=2, seed=0, injection="scalar")
     before = engine.generate(PROMPTS, GREEDY)
     assert engine.weights_version == 0
-    new_state = perturbed(old_model, scale=0.2)
-    new_model = looped_model(num_loops=2, seed=0, injection="scalar")
-    new_model.load_state_dict(new_state)
+    new_model = _new_model()
+    new_state = new_model.state_dict()
     engine.load_weights(1, new_state)
     assert engine.weights_version == 1
     after = engine.generate(PROMPTS, GREEDY)
@@ -41,11 +58,7 @@ def test_load_weights_in_place_equals_fresh_engine(engine):
     native = NativeEngine(new_model).generate(PROMPTS, GREEDY)
     assert torch.equal(after.completion_ids, native.completion_ids)
     assert torch.equal(after.exit_steps, native.exit_steps)
-    fresh = VllmEngine(new_model, **ENGINE_OPTIONS)
-    try:
-        again = fresh.generate(PROMPTS, GREEDY)
-    finally:
-        fresh.close()
+    again = fresh_on_new_weights
     assert torch.equal(after.completion_ids, again.completion_ids)
     assert torch.equal(after.exit_steps, again.exit_steps)
     assert torch.allclose(after.logprobs, again.logprobs, atol=1e-5)
