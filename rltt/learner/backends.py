@@ -171,13 +171,19 @@ class DeepSpeedBackend(_Backend):
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         if world == 1:
             return local
-        flag = torch.tensor([0.0 if local is None else 1.0])
+        # every rank's verdict (0 fine, 1 loss, 2 gradient) in its slot; the sum is everyone's
+        flags = torch.zeros(world)
+        if local is not None:
+            flags[torch.distributed.get_rank()] = 1.0 if local.startswith("loss") else 2.0
         if torch.distributed.get_backend() == "nccl":
-            flag = flag.cuda()
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() == 0:
+            flags = flags.cuda()
+        torch.distributed.all_reduce(flags)
+        bad = [(rank, int(code)) for rank, code in enumerate(flags.tolist()) if code]
+        if not bad:
             return None
-        return local or "a non-finite loss or gradient on another rank"
+        rank, code = bad[0]
+        what = "loss is not finite" if code == 1 else "non-finite gradient"
+        return f"{what} on rank {rank}" + (f" ({len(bad)} of {world} ranks)" if len(bad) > 1 else "")
 
     def _skipped_engine_step(self) -> None:
         """The boundary ``engine.step()`` with the inner optimizer's step disabled: DeepSpeed
