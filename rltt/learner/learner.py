@@ -86,7 +86,7 @@ LEARNER_STATE = "learner_state.pt"
 LOOP_WEIGHTS = "loop_weight_logits"
 #: the metrics key of `Learner.update` holding why its update was skipped (a string; absent when
 #: every optimizer step was applied) — the loop hands it to its `NonFiniteGuard` and never logs it
-SKIP_REASON = "guard/skip_reason"
+SKIP_REASON = "skip_reason"
 
 
 class PolicyModule(torch.nn.Module):
