@@ -1,4 +1,6 @@
-"""`rltt curate` and `rltt eval` on a train recipe: its policy, engine, sampling settings and rewards."""
+"""`rltt curate` and `rltt eval` on a train recipe: its policy, engine (``rollout.engine``: native or
+vllm, through `rltt.rollout.factory.make_engine`), sampling settings and rewards (each with its
+``rewards.N.timeout_s``)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from rltt.curation.histogram import Band
 from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
-from rltt.errors import RlttError
 from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
 from rltt.orchestration.prompts import eval_tasks, load_records
 from rltt.orchestration.recipe import TrainRecipe
-from rltt.rollout import NativeEngine, RolloutEngine, SamplingParams
+from rltt.errors import RlttError
+from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.rollout.factory import make_engine
 
 EVAL_SEED_OFFSET = 7  # the train loop's held-out evaluation uses recipe.seed + 7: same draws here
 
@@ -37,15 +40,31 @@ class RecipePolicy:
 
     @classmethod
     def load(cls, recipe: TrainRecipe, recipe_root: Path | None = None, model: str | None = None) -> "RecipePolicy":
-        """The recipe's policy (or the checkpoint ``model``), its rollout engine and reward runner."""
-        if recipe.rollout.engine != "native":
-            raise RlttError(f"rollout.engine: {recipe.rollout.engine!r} is not available to curate/eval; "
-                            "pass rollout.engine=native")
-        runner = RewardRunner.from_specs([(s.fn, s.weight) for s in recipe.rewards], root=recipe_root)
-        path = resolve_model_path(model or recipe.model.path)
-        net, tokenizer = load_policy(path, recipe.model.dtype, recipe.model.device, recipe.model.convert)
-        net.eval()
-        return cls(path, net, tokenizer, NativeEngine(net), runner)
+        """The recipe's policy (or the checkpoint ``model``), the engine of ``rollout.engine`` on it
+        and the reward runner (per-call ``rewards.N.timeout_s``). `close` releases them."""
+        runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in recipe.rewards], root=recipe_root)
+        try:
+            path = resolve_model_path(model or recipe.model.path)
+            net, tokenizer = load_policy(path, recipe.model.dtype, recipe.model.device, recipe.model.convert)
+            net.eval()
+            engine = make_engine(recipe.rollout, net)
+        except BaseException:
+            runner.close()
+            raise
+        return cls(path, net, tokenizer, engine, runner)
+
+    def close(self) -> None:
+        """Stop the reward workers and an engine with a process of its own (vLLM)."""
+        self.runner.close()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "RecipePolicy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def sampling(self, recipe: TrainRecipe) -> SamplingParams:
         """The recipe's rollout sampling settings (``n`` and ``seed`` are set per call)."""
@@ -87,13 +106,15 @@ def curate_recipe(recipe: TrainRecipe, out: str | Path, *, samples: int | None =
     job = CurationJob(source=source_label(source), records=records, out=out, samples=samples, band=band or Band(),
                       kept=kept, template=recipe.data.prompt_template, seed=recipe.seed, progress=progress)
     check_existing_output(job)  # a bad existing output fails before the model loads
-    policy = RecipePolicy.load(recipe, recipe_root, model)
-    job.template = recipe_prompt_renderer(recipe.data, policy.tokenizer)
-    job.sampling = policy.sampling(recipe)
-    job.fingerprint = {"model": str(policy.model_path.resolve()), "dtype": recipe.model.dtype,
-                       "convert": recipe.model.convert, "split": split,
-                       "rewards": [[s.fn, s.weight] for s in recipe.rewards]}
-    return run_curation(job, policy.engine, policy.encode, policy.decode, policy.runner)
+    with RecipePolicy.load(recipe, recipe_root, model) as policy:
+        job.template = recipe_prompt_renderer(recipe.data, policy.tokenizer)
+        job.sampling = policy.sampling(recipe)
+        job.fingerprint = {"model": str(policy.model_path.resolve()), "dtype": recipe.model.dtype,
+                           "convert": recipe.model.convert, "split": split,
+                           "rewards": [[s.fn, s.weight] for s in recipe.rewards]}
+        if recipe.rollout.engine != "native":  # another sampler: an output from the native one does not resume
+            job.fingerprint["engine"] = recipe.rollout.engine
+        return run_curation(job, policy.engine, policy.encode, policy.decode, policy.runner)
 
 
 @dataclass
@@ -142,13 +163,13 @@ def evaluate_recipe(recipe: TrainRecipe, *, samples: int | None = None, split: s
         raise RlttError(f"--limit: must be >= 1, got {size}")
     if temperature < 0:
         raise RlttError(f"--temperature: must be >= 0, got {temperature}")
-    policy = RecipePolicy.load(recipe, recipe_root, model)
     eval_source = source or d.eval_source
-    tasks = eval_tasks(eval_source, d.source, policy.encode, recipe_prompt_renderer(d, policy.tokenizer), split,
-                       size, d.seed)
-    result = evaluate(policy.engine, tasks, policy.tokenizer, policy.runner, samples, temperature,
-                      recipe.rollout.max_new_tokens, seed=recipe.seed + EVAL_SEED_OFFSET,
-                      exit_policy=recipe.rollout.exit_policy, schedule=recipe.rollout.schedule,
-                      thinking=thinking_budget(recipe.rollout.thinking, policy.tokenizer))
+    with RecipePolicy.load(recipe, recipe_root, model) as policy:
+        tasks = eval_tasks(eval_source, d.source, policy.encode, recipe_prompt_renderer(d, policy.tokenizer), split,
+                           size, d.seed)
+        result = evaluate(policy.engine, tasks, policy.tokenizer, policy.runner, samples, temperature,
+                          recipe.rollout.max_new_tokens, seed=recipe.seed + EVAL_SEED_OFFSET,
+                          exit_policy=recipe.rollout.exit_policy, schedule=recipe.rollout.schedule,
+                          thinking=thinking_budget(recipe.rollout.thinking, policy.tokenizer))
     shown_source = eval_source or (f"{d.source} (held out)" if d.source.startswith("synthetic") else d.source)
     return EvalReport(str(policy.model_path), shown_source, split, len(tasks), samples, temperature, result)

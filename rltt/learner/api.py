@@ -13,10 +13,11 @@ from rltt.learner.batch import LearnerBatch
 
 @runtime_checkable
 class LearnerAPI(Protocol):
-    version: int  # bumps by 1 on every update()
+    version: int  # bumps by 1 on every update() that changed the weights
 
     def update(self, batch: LearnerBatch) -> dict[str, float]:
-        """Optimise on ``batch``; the metrics of the global batch."""
+        """Optimise on ``batch``; the metrics of the global batch. An update the non-finite guard
+        skipped (no weight change, ``version`` unchanged) names why under ``rltt.learner.SKIP_REASON``."""
 
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
         """(B,) summed KL to the frozen reference, for ``algorithm.kl_in=reward``."""

@@ -2,8 +2,16 @@
 
 A backend owns the optimizer (and, for DeepSpeed, the engine). One optimizer step is
 ``backward(loss)`` for each of ``accumulation`` micro-batches (losses already weighted to
-sum to the batch loss), then ``step()``, which clips, updates, advances the LR schedule and
-returns the gradient norm before clipping. ``full_state_dict(module)`` gives a module's full
+sum to the batch loss), then ``step(losses)``, which clips, updates, advances the LR schedule
+and returns the gradient norms before clipping and the reason the update was skipped (None
+when it was applied).
+
+The non-finite guard (`rltt.stages.guard`): a non-finite loss (``losses``: this rank's
+micro-batch losses) or gradient skips the update — the weights and the optimizer state stay
+bitwise as they were, the gradients are dropped and the LR schedule does not advance.
+Under DeepSpeed every rank reaches the same decision: the loss verdict is all-reduced, and a
+non-finite global gradient norm is DeepSpeed's own (all-reduced) overflow verdict, read back
+with ``was_step_applied``. ``full_state_dict(module)`` gives a module's full
 tensors (gathered when ZeRO-3 partitions them: a collective), ``save`` / ``load`` the
 optimizer state (DeepSpeed: every rank its shard, into the same directory).
 """
@@ -19,6 +27,7 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.learner.config import LearnerConfig
+from rltt.stages import guard
 from rltt.telemetry import grad_norms
 
 
@@ -60,15 +69,19 @@ class TorchBackend(_Backend):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self) -> dict[str, float]:
+    def step(self, losses=()) -> tuple[dict[str, float], str | None]:
+        """Clip and update, or skip when a loss in ``losses`` or a gradient is not finite:
+        ``(gradient norms before clipping, skip reason or None)``."""
         norms = grad_norms(self.module)
-        if self.cfg.grad_clip and self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
-        self._apply_lr()
-        self.optimizer.step()
+        reason = guard.check(list(losses), self.module)
+        if reason is None:
+            if self.cfg.grad_clip and self.cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+            self._apply_lr()
+            self.optimizer.step()
+            self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.updates += 1
-        return norms
+        return norms, reason
 
     def save(self, path: Path) -> None:
         torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, path / "optimizer.pt")
@@ -150,15 +163,57 @@ class DeepSpeedBackend(_Backend):
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # counts the micro-step; the update happens at the boundary
 
-    def step(self) -> dict[str, float]:
+    def _loss_verdict(self, losses) -> str | None:
+        """Why this step must be skipped, from this rank's losses and (ZeRO 0: every rank holds the
+        all-reduced gradients) its gradients — the same verdict on every rank: a rank with a bad
+        loss makes all of them skip (one all-reduce)."""
+        local = guard.check(list(losses), self.module if self.cfg.zero_stage == 0 else None)
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world == 1:
+            return local
+        # every rank's verdict (0 fine, 1 loss, 2 gradient) in its slot; the sum is everyone's
+        flags = torch.zeros(world)
+        if local is not None:
+            flags[torch.distributed.get_rank()] = 1.0 if local.startswith("loss") else 2.0
+        if torch.distributed.get_backend() == "nccl":
+            flags = flags.cuda()
+        torch.distributed.all_reduce(flags)
+        bad = [(rank, int(code)) for rank, code in enumerate(flags.tolist()) if code]
+        if not bad:
+            return None
+        rank, code = bad[0]
+        what = "loss is not finite" if code == 1 else "non-finite gradient"
+        return f"{what} on rank {rank}" + (f" ({len(bad)} of {world} ranks)" if len(bad) > 1 else "")
+
+    def _skipped_engine_step(self) -> None:
+        """The boundary ``engine.step()`` with the inner optimizer's step disabled: DeepSpeed
+        counts the step and drops the gradients, whatever its wrapper does around the inner step
+        (clipping, its own overflow check, copying master weights back) leaves the weights and
+        the optimizer state as they were."""
+        inner = self.engine.basic_optimizer if getattr(self.engine, "basic_optimizer", None) is not None \
+            else self.optimizer
+        inner.step = lambda *args, **kwargs: None  # an instance attribute shadows the method
+        try:
+            self.engine.step()
+        finally:
+            del inner.step
+
+    def step(self, losses=()) -> tuple[dict[str, float], str | None]:
+        """The boundary step (see the module docstring): ``(gradient norms, skip reason or None)``."""
         norms = grad_norms(self.module) if self.cfg.zero_stage == 0 else {}
+        reason = self._loss_verdict(losses)
         self._apply_lr()
+        if reason is not None:
+            self._skipped_engine_step()
+            return norms, reason
         self.engine.step()
-        self.updates += 1
         total = self.engine.get_global_grad_norm()
+        if not self.engine.was_step_applied():  # DeepSpeed found the global gradient norm non-finite
+            return norms, f"non-finite gradient (global norm {float(total) if total is not None else 'inf'})"
+        self.updates += 1
         if total is not None and math.isfinite(float(total)):
             norms.setdefault("grad_norm/total", float(total))
-        return norms
+        return norms, None
 
     # Collective: every rank calls save/load (each writes/reads its ZeRO shard). The tag must not be
     # "latest": DeepSpeed writes a file of that name beside the tag's directory.

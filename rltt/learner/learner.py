@@ -1,7 +1,8 @@
 """The RL learner: owns the policy's optimisation, its frozen reference and its learned extras.
 
 `Learner` is the interface the training step talks to (a torch process, a torchrun/DeepSpeed
-group and a Ray learner group all provide it): ``update(batch) -> metrics`` (``version`` + 1),
+group and a Ray learner group all provide it): ``update(batch) -> metrics`` (``version`` + 1
+when the weights changed),
 ``sequence_kl``, ``rollout_state_dict() -> (version, tensors)`` for the engines, and
 ``save`` / ``load`` of everything a resumed run needs.
 
@@ -11,6 +12,12 @@ One ``update``:
    per-loop entropy / exit telemetry;
 2. μ = ``ppo_epochs`` optimizer steps, each accumulating the loss over micro-batches
    (weighted so the sum is the batch-level aggregate, whatever the micro-batch size).
+
+The non-finite guard: an optimizer step whose loss or gradients are not finite is skipped (no
+weight or optimizer-state change; the backend decides, the same way on every rank), the
+remaining epochs with it (they would see the same weights and batch), and the metrics carry
+the reason under `SKIP_REASON`. ``version`` bumps only when some step was applied, so the
+engines are never reloaded with the weights they already serve.
 """
 
 from __future__ import annotations
@@ -77,6 +84,9 @@ STAT_OPS = {"ratio_max": "max", "ratio_min": "min"}
 #: the file of `Learner.save` holding the learner's own state
 LEARNER_STATE = "learner_state.pt"
 LOOP_WEIGHTS = "loop_weight_logits"
+#: the metrics key of `Learner.update` holding why its update was skipped (a string; absent when
+#: every optimizer step was applied) — the loop hands it to its `NonFiniteGuard` and never logs it
+SKIP_REASON = "skip_reason"
 
 
 class PolicyModule(torch.nn.Module):
@@ -199,7 +209,9 @@ class Learner:
     # -- 2. the updates -------------------------------------------------------------------
     def update(self, batch: LearnerBatch) -> dict[str, float]:
         """μ = ``ppo_epochs`` optimizer steps on ``batch`` (this rank's rows of the step's batch);
-        returns the metrics of the global batch and bumps ``version``."""
+        returns the metrics of the global batch and bumps ``version`` when the weights changed.
+        A non-finite loss or gradient skips the step and the epochs after it; the reason is
+        ``metrics[SKIP_REASON]`` (the module docstring)."""
         if batch.size != self.batch_size:
             raise ValueError(f"learner: batch of {batch.size} sequences, configured for {self.batch_size} per rank")
         if batch.advantages is None:
@@ -209,8 +221,10 @@ class Learner:
         batch, metrics = self.prepare(batch, policy=not one_pass)
         normalizer = self._normalizer(batch)
         seen = _LoopTelemetry()
+        applied, skipped = 0, None
         for _ in range(self.algo.ppo_epochs):
             totals: dict[str, float] = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
+            losses = []
             for mb in batch.micro_batches(self.micro):
                 weight = self._size(mb) / normalizer
                 scores = self._score(self.backend.forward_model, mb)
@@ -218,6 +232,7 @@ class Learner:
                     seen.add(scores)
                 out = rl_loss(scores, mb, self.algo, self.max_len, self.learned_logits)
                 self.backend.backward(out.loss * weight)
+                losses.append(out.loss.detach())
                 totals["loss"] += float(out.loss.detach()) * weight
                 totals["policy"] += float(out.policy_loss) * weight
                 totals["kl"] += float(out.kl) * weight
@@ -229,7 +244,11 @@ class Learner:
                         totals[key] = min(totals.get(key, math.inf), value)
                     else:
                         totals[key] = totals.get(key, 0.0) + value * weight
-            metrics.update(self.backend.step())
+            norms, skipped = self.backend.step(losses)
+            metrics.update(norms)
+            if skipped is not None:  # the weights did not move: a further epoch would repeat this one
+                break
+            applied += 1
         totals = reduce_ranks(totals, {key: STAT_OPS.get(key, "mean") for key in totals},
                               self._data_parallel_world())
         if one_pass:
@@ -246,7 +265,10 @@ class Learner:
         if batch.ref_logprobs is not None:
             metrics[m.KL_REF] = totals["kl"]
             metrics[m.LOSS_KL] = totals["kl"] * self.algo.kl_coef if self.algo.kl_in == "loss" else 0.0
-        self.version += 1
+        if skipped is not None:
+            metrics[SKIP_REASON] = skipped
+        if applied:
+            self.version += 1
         return metrics
 
     # -- 3. weights out, checkpoints ----------------------------------------------------------

@@ -6,6 +6,12 @@
 Every step's rollout seeds derive from the recipe seed, the step and each prompt's global
 index, so a resumed run samples exactly what the uninterrupted run would have.
 
+The non-finite guard (`rltt.stages.guard`): a step whose update the learner skipped (a NaN/inf
+loss or gradient: no weight change, no version bump) is recorded in ``RUN_DIR/alarms.jsonl``
+and the metric ``guard/skipped_steps``; after ``train.max_consecutive_skips`` in a row the run
+stops with a one-line error before that step's checkpoint, so the newest checkpoint is the
+last good one. The guard's count is part of the checkpoint.
+
 Under ``torchrun`` with the DeepSpeed backend the loop is data-parallel (rltt.orchestration.
 distributed): each rank samples its share of the step's prompts, the rollout metrics are
 reduced across ranks, each rank evaluates its share of the held-out chunks, and rank 0 alone
@@ -28,6 +34,7 @@ from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
+from rltt.learner import SKIP_REASON
 from rltt.orchestration.components import make_engine, make_learner
 from rltt.orchestration.distributed import ranks_from_env
 from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
@@ -36,11 +43,13 @@ from rltt.orchestration.recipe import TrainRecipe
 from rltt.orchestration.step import TrainingStep
 from rltt.stages.checkpoint import (atomic_dir, checkpoint_dir, clean_stale, latest_checkpoint, load_state_file,
                                    prune_checkpoints, require_run, rng_state, set_rng_state)
+from rltt.stages.guard import NonFiniteGuard
 from rltt.stages.paths import RESOLVED_RECIPE, check_run_dir
-from rltt.telemetry import MetricsLogger
+from rltt.telemetry import MetricsLogger, truncate_metrics
 from rltt.telemetry import schema as m
 
 STATE_FILE = "rl_state.pt"
+ALARMS_FILE = "alarms.jsonl"
 
 
 @dataclass
@@ -89,6 +98,9 @@ class LocalTrainer:
                                                 thinking_budget(r.rollout.thinking, self.tokenizer))
             self.step = 0
             self.first_eval: float | None = None
+            main = self.ranks.main  # every rank counts the skips (their verdicts agree), rank 0 writes them
+            self.guard = NonFiniteGuard(self.run_dir if main else None, r.train.max_consecutive_skips, ALARMS_FILE,
+                                        warn=main)
             if resume:
                 self._resume()
         except BaseException:
@@ -98,6 +110,8 @@ class LocalTrainer:
         if self.ranks.main:
             (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
             self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)
+            if resume and (self.run_dir / ALARMS_FILE).exists():  # the alarms of the steps about to be redone
+                truncate_metrics(self.run_dir / ALARMS_FILE, self.step)
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
                                         resume_step=self.step if resume else None, config=to_dict(r))
 
@@ -124,8 +138,12 @@ class LocalTrainer:
             close()
 
     def train_step(self, step: int) -> dict:
-        """One RL step (`TrainingStep`): its metrics."""
-        return self.training(step)
+        """One RL step (`TrainingStep`): its metrics, with the guard's count; a skipped update is
+        recorded by the guard (its reason is never logged as a metric)."""
+        metrics = self.training(step)
+        self.guard.step(step, metrics.pop(SKIP_REASON, None))
+        metrics.update(self.guard.metrics())
+        return metrics
 
     # -- evaluation, checkpoints ------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -141,11 +159,15 @@ class LocalTrainer:
         return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
                 "eval/exit_step_mean": result.mean_exit_step}
 
+    def loop_state(self) -> dict:
+        """The loop's part of a checkpoint (``rl_state.pt``): tensors and plain data only."""
+        return {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
+                "first_eval": self.first_eval, "guard": self.guard.state_dict()}
+
     def save(self) -> Path:
         """Checkpoint atomically (a collective): every rank's learner writes its part into one
         staging directory, which rank 0 completes (tokenizer, recipe, loop state) and moves into place."""
-        state = {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
-                 "first_eval": self.first_eval}
+        state = self.loop_state()
         final = checkpoint_dir(self.run_dir, self.step)
         staged = final.parent / f".staged-{final.name}"
         if self.ranks.main:
@@ -180,6 +202,8 @@ class LocalTrainer:
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.first_eval = state.get("first_eval")
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         self.engine.load_weights(*self.learner.rollout_state_dict())
 
     # -- the loop ---------------------------------------------------------------------------
@@ -187,6 +211,8 @@ class LocalTrainer:
         try:
             return self._run()
         finally:
+            if self.logger is not None:
+                self.logger.close()
             self.close()
 
     def _run(self) -> RunResult:
@@ -211,6 +237,7 @@ class LocalTrainer:
                 final_eval = metrics.get("eval/solve_rate")
             if main:
                 self.logger.log(self.step, metrics)
+            self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
             bar.set_postfix(reward=f"{metrics[m.REWARD_MEAN]:.2f}", kl=f"{metrics.get(m.KL_REF, 0):.1e}")
             if (r.checkpoint.every and self.step % r.checkpoint.every == 0) or (last and r.checkpoint.save_final):
                 self.save()

@@ -3,6 +3,10 @@
     prompts → engine.generate → rewards → advantages (once) → dynamic filter → LearnerBatch
             → learner.update → engine.load_weights(*learner.rollout_state_dict()) → metrics
 
+An update the learner's non-finite guard skipped leaves its ``version`` (and weights) as they
+were: the engines keep serving the weights they have (no sync), and the step's metrics carry
+the reason under ``rltt.learner.SKIP_REASON`` for the loop's `NonFiniteGuard`.
+
 `TrainingStep` talks to a `RolloutEngine` and a `Learner` only through their interfaces, so the
 local loop, every torchrun rank and a Ray driver run the same step with their own engine and
 learner (a Ray driver passes ``Ranks()``: its learner group splits the batch itself).
@@ -82,9 +86,10 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         m.LENGTH_MAX: float(lengths.max()),
         m.LENGTH_TRUNC_FRAC: t["truncated"] / lengths.numel(),
         "rollout/exit_step_mean": t["exit_steps"] / max(float(t["actions"]), 1),
-        "rollout/passes_per_token": t["row_passes"] / t["tokens"] if t["tokens"] else 0.0,
         "rollout/sequences": rewards.numel(),
     }
+    if counted and t["tokens"]:  # an engine that does not count its passes (vLLM) leaves the key out
+        out[m.ROLLOUT_PASSES_PER_TOKEN] = t["row_passes"] / t["tokens"]
     if thinking is not None:
         out.update(length_metrics({k[len("think/"):]: v for k, v in t.items() if k.startswith("think/")}))
     for name in scored.per_fn:
@@ -180,10 +185,12 @@ class TrainingStep:
             groups, metrics = self.rollout(step)
         tokens = int(groups.batch.target_mask.sum())
         work = self.ranks.reduce({"tokens": tokens, "time": timed[m.TIME_ROLLOUT]}, {"tokens": "sum", "time": "max"})
+        version = self.learner.version
         with Timer(timed, m.TIME_LEARNER):
             metrics.update(self.learner.update(groups.batch))
-        with Timer(timed, m.TIME_WEIGHT_SYNC):
-            self.engine.load_weights(*self.learner.rollout_state_dict())
+        if self.learner.version != version:  # a skipped update changed no weights: nothing to sync
+            with Timer(timed, m.TIME_WEIGHT_SYNC):
+                self.engine.load_weights(*self.learner.rollout_state_dict())
         metrics.update(timed)
         metrics[m.THROUGHPUT_TOKENS_PER_S] = work["tokens"] / max(work["time"], 1e-9)  # ranks sample concurrently
         metrics[m.TIME_STEP] = time.perf_counter() - t0

@@ -81,13 +81,15 @@ def check(loss, model_or_params=None, names: dict | None = None) -> str | None:
 class NonFiniteGuard:
     """Counts skipped steps, writes their alarms and stops the run after ``max_consecutive``.
 
-    ``run_dir`` None: nothing is written (non-main ranks). The state round-trips through
-    :meth:`state_dict` so a resumed run counts as the uninterrupted one would.
+    ``run_dir`` None: nothing is written (non-main ranks, which also pass ``warn=False``: every
+    rank counts, one rank speaks). The state round-trips through :meth:`state_dict` so a
+    resumed run counts as the uninterrupted one would.
     """
 
     run_dir: Path | None = None
     max_consecutive: int = 3
     alarms_file: str = "alarms.jsonl"
+    warn: bool = True
     skipped: int = 0
     consecutive: int = 0
     fired: list[dict] = field(default_factory=list)
@@ -106,7 +108,8 @@ class NonFiniteGuard:
                  "message": f"step {step} skipped (no weight change): {reason} "
                             f"({self.consecutive} in a row, {self.skipped} in the run)"}
         self.fired.append(alarm)
-        print(f"WARNING step {step}: {alarm['message']}", file=sys.stderr)
+        if self.warn:
+            print(f"WARNING step {step}: {alarm['message']}", file=sys.stderr)
         if self.run_dir is not None:
             Path(self.run_dir).mkdir(parents=True, exist_ok=True)
             with open(Path(self.run_dir) / self.alarms_file, "a", encoding="utf-8") as f:

@@ -281,7 +281,7 @@ METRICS: tuple[MetricSpec, ...] = (
                "choice, not the gate's expectation exit/mean_step)", "loops"),
     MetricSpec(ROLLOUT_PASSES_PER_TOKEN,
                "serial block passes per generated token (T for the dense schedule; about the "
-               "mean exit step for the deferred one); 0 when the engine does not count them",
+               "mean exit step for the deferred one); absent when the engine does not count them (vLLM)",
                "passes/token"),
     MetricSpec(ROLLOUT_SEQUENCES, "completions sampled in the step's first rollout, all ranks",
                "count"),

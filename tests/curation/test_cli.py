@@ -115,3 +115,80 @@ def test_curate_rewrites_its_own_kept_set(recipe, tmp_path):
     kept = tmp_path / "kept.jsonl"
     assert curate(recipe, tmp_path / "c.jsonl", "--source", str(source), "--kept", str(kept), "--samples", "2") == 0
     assert curate(recipe, tmp_path / "c2.jsonl", "--source", str(source), "--kept", str(kept), "--samples", "2") == 0
+
+
+SLEEPY = """
+import time
+
+def sleepy(completion, answer, **kw):
+    time.sleep(1000)
+    return 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def hanging_recipe(recipe):
+    (recipe.parent / "slow_rewards.py").write_text(SLEEPY)
+    spec = yaml.safe_load(recipe.read_text())
+    spec["rewards"].append({"fn": "slow_rewards.py:sleepy", "timeout_s": 1.0})
+    path = recipe.parent / "hanging.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_hanging_reward_times_out_in_curate_and_eval(hanging_recipe, tmp_path, capsys):
+    import time
+
+    from rltt.curation.recipes import RecipePolicy
+    from rltt.orchestration.recipe import load_train_recipe
+
+    with RecipePolicy.load(load_train_recipe(hanging_recipe), hanging_recipe.parent) as policy:
+        assert [r.timeout_s for r in policy.runner.rewards] == [5.0, 1.0]  # the recipe's, per reward
+    start = time.monotonic()
+    out = tmp_path / "c.jsonl"
+    assert curate(hanging_recipe, out, "--limit", "2", "--samples", "2") == 0  # rewards.1.timeout_s = 1 s
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2
+    report = tmp_path / "eval.json"
+    assert main(["eval", str(hanging_recipe), "--samples", "1", "--limit", "2", "--out", str(report)]) == 0
+    assert time.monotonic() - start < 300  # the default 5 s, let alone 1000 s, never ran out per call
+    assert json.loads(report.read_text())["tasks"] == 2
+    capsys.readouterr()
+
+
+def test_rollout_engine_reaches_the_engine_factory(recipe, tmp_path, monkeypatch, capsys):
+    """``rollout.engine=vllm`` builds the vLLM engine (stood in for by a recording native engine: the
+    factory's vLLM branch, its options and the close of the engine's process are what is checked)."""
+    from rltt.rollout import NativeEngine
+    from rltt.rollout import vllm_engine
+
+    built = []
+
+    class RecordingEngine(NativeEngine):
+        def __init__(self, model, **options):
+            super().__init__(model)
+            self.options, self.closed = options, False
+            built.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda: None)
+    monkeypatch.setattr(vllm_engine, "VllmEngine", RecordingEngine)
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(recipe), "rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.max_num_seqs=7",
+                 "--samples", "1",
+                 "--limit", "1", "--out", str(out)]) == 0
+    assert len(built) == 1 and built[0].options["max_num_seqs"] == 7 and built[0].closed
+    curated = tmp_path / "c.jsonl"
+    assert main(["curate", str(recipe), "rollout.engine=vllm", "rollout.schedule=dense", "--out", str(curated),
+                 "--no-progress", "--limit", "1", "--samples", "2"]) == 0
+    assert len(built) == 2 and built[1].closed
+    # the native engine's records do not resume under another engine
+    assert main(["curate", str(recipe), "rollout.schedule=dense", "--out", str(curated), "--no-progress",
+                 "--limit", "1", "--samples", "2"]) == 2
+    assert "engine" in capsys.readouterr().err
+
+    # the factory checks what vLLM cannot do, naming the recipe key
+    assert main(["eval", str(recipe), "rollout.engine=vllm", "rollout.schedule=deferred", "--limit", "1"]) == 2
+    assert "rollout.schedule" in capsys.readouterr().err

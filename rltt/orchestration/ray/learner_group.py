@@ -64,11 +64,12 @@ class LearnerWorker:
         self.learner = self.build(self.rank, self.world)
         return self.learner.version
 
-    def update(self, batch: LearnerBatch) -> tuple[dict[str, float], float]:
-        """The update's metrics and its wall time on this rank."""
+    def update(self, batch: LearnerBatch) -> tuple[dict[str, float], float, int]:
+        """The update's metrics, its wall time on this rank and the version after it (unchanged
+        when the non-finite guard skipped the update)."""
         t0 = time.perf_counter()
         metrics = self.learner.update(batch)
-        return metrics, time.perf_counter() - t0
+        return metrics, time.perf_counter() - t0, self.learner.version
 
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
         return self.learner.sequence_kl(batch)
@@ -189,8 +190,8 @@ class RayLearnerGroup:
     def finish_update(self, refs: list) -> tuple[dict[str, float], float]:
         """Rank 0's metrics (those of the global batch) and the slowest rank's update seconds."""
         results = self._all(refs, f"updating to version {self.version + 1}")
-        self.version += 1
-        self.last_update_s = max(seconds for _, seconds in results)
+        self.version = results[0][2]  # a skipped (non-finite) update keeps the version
+        self.last_update_s = max(seconds for _, seconds, _ in results)
         return results[0][0], self.last_update_s
 
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:

@@ -29,8 +29,7 @@ from rltt.orchestration.ray.builders import EngineFromDir, LearnerFromDir
 from rltt.orchestration.ray.config import check_recipe
 from rltt.orchestration.step import TrainingStep
 from rltt.learner import LearnerBatch
-from rltt.stages.checkpoint import (atomic_dir, checkpoint_dir, latest_checkpoint, load_state_file,
-                                   prune_checkpoints, rng_state)
+from rltt.stages.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, load_state_file, prune_checkpoints
 from rltt.telemetry import schema as m
 
 STALENESS = m.ORCH_STALENESS
@@ -163,8 +162,7 @@ class RayTrainer(LocalTrainer):
         """The learner group writes its state (weights, optimizer, version) into the checkpoint;
         the driver adds the tokenizer, the recipe and the loop state, with overlap the rollouts
         sampled ahead."""
-        state = {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
-                 "first_eval": self.first_eval, "ahead": _plain(self.training.ahead)}
+        state = {**self.loop_state(), "ahead": _plain(self.training.ahead)}
         final = checkpoint_dir(self.run_dir, self.step)
 
         def write(tmp: Path) -> None:
