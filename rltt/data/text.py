@@ -101,8 +101,13 @@ def load_documents(path: str | Path, template: str = DEFAULT_TEMPLATE) -> ListSo
         for row, record in enumerate(rows):
             texts.append(record_text(record, template, f"{path}: row {row}"))
     else:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise RlttError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                    f"{exc.start + 1})") from None
                 if not line.strip():
                     continue
                 try:

@@ -92,6 +92,7 @@ class LocalTrainer:
             self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
             self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
                                          r.data.eval_split, r.data.eval_size, r.data.seed)
+            self._check_prompt_lengths()
             self.training = self._training_step(TrainingStep, self.engine, self.learner, self.prompts, self.runner,
                                                 self.tokenizer.decode, stop_ids(self.tokenizer),
                                                 self.tokenizer.pad_token_id or 0, self.ranks,
@@ -114,6 +115,26 @@ class LocalTrainer:
                 truncate_metrics(self.run_dir / ALARMS_FILE, self.step)
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
                                         resume_step=self.step if resume else None, config=to_dict(r))
+
+    def _check_prompt_lengths(self) -> None:
+        """Every prompt plus ``rollout.max_new_tokens`` must fit the model's positions: a one-line
+        error naming the source and the record before any step runs."""
+        import json
+
+        config = Path(self.model_path) / "config.json"
+        try:
+            positions = int(json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not a local checkpoint with a plain config: the engine checks each prompt
+        r = self.recipe
+        limit = positions - r.rollout.max_new_tokens
+        what = (f"with rollout.max_new_tokens={r.rollout.max_new_tokens} it does not fit the model's "
+                f"max_position_embeddings={positions}")
+        self.prompts.check_lengths(limit, f"data.source={r.data.source}", what)
+        for task in self.eval_tasks:
+            if len(task.prompt_ids) > limit:
+                raise RlttError(f"data.eval_source={r.data.eval_source or r.data.source}: the prompt of record "
+                                f"{task.id!r} has {len(task.prompt_ids)} tokens; {what}")
 
     # -- the parts (overridden by the Ray driver) -------------------------------------------------
     def _ranks(self):

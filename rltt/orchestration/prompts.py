@@ -43,6 +43,16 @@ def make_task(record: dict, encode, template) -> Task:
     return Task(str(record.get("id", "")), prompt, list(encode(prompt)), record["answer"])
 
 
+def check_prompt_lengths(records, encode, template, limit: int, key: str, what: str) -> None:
+    """One-line error naming the file and line (or record id) of the first prompt whose tokens
+    plus the completion budget exceed ``limit`` positions (``what`` says where the limit comes from)."""
+    for record in records:
+        n = len(make_task(record, encode, template).prompt_ids)
+        if n > limit:
+            raise RlttError(f"{key}: the prompt of record {record.get('id', '?')!r} has "
+                            f"{n} tokens; {what}")
+
+
 class PromptStream:
     """Prompt batches in a deterministic, resumable order (shuffled per epoch by ``seed``)."""
 
@@ -60,6 +70,11 @@ class PromptStream:
         order = list(range(len(self.records)))
         random.Random(self.seed * 1_000_033 + epoch).shuffle(order)
         return self.records[order[offset]]
+
+    def check_lengths(self, limit: int, key: str, what: str) -> None:
+        """`check_prompt_lengths` over every record of a file source (synthetic prompts are short)."""
+        if self.records is not None:
+            check_prompt_lengths(self.records, self.encode, self.template, limit, key, what)
 
     def next(self, n: int) -> list[Task]:
         tasks = [make_task(self._record(self.position + i), self.encode, self.template) for i in range(n)]
