@@ -1,6 +1,7 @@
 """`rltt train RECIPE orchestration.backend=ray`: the same training step as the local loop, so the
 same metrics.jsonl (every numeric key but timings) — also when a rollout worker is killed
-mid-generate, and with 2 DeepSpeed learners (against the one-process DeepSpeed loop); `overlap: 1` trains one step off-policy and resumes exactly."""
+mid-generate, and with 2 DeepSpeed learners (against the one-process DeepSpeed loop);
+`overlap: 1` trains one step off-policy and resumes exactly."""
 
 import json
 import os
