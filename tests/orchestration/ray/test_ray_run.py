@@ -96,7 +96,7 @@ def test_ray_run_with_two_learners_equals_the_local_deepspeed_loop(ray_cluster, 
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rltt" / "torch_extensions"))
     # its own process: DeepSpeed forms a one-rank process group there
     proc = subprocess.run([sys.executable, "-m", "rltt.cli.main", "train", str(local), *STEPS, *DEEPSPEED],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = read_metrics(tmp_path / "local" / "run")
 
