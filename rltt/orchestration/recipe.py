@@ -160,9 +160,6 @@ class RolloutSection:
         if self.engine == "vllm" and self.schedule != "dense":
             raise recipe_error("rollout.schedule", f"vLLM computes every step of every token, so rollout.engine=vllm "
                                                    f"needs rollout.schedule=dense, got {self.schedule!r}")
-        if self.engine == "vllm" and self.thinking.budget:
-            raise recipe_error("rollout.thinking.budget", "the forced-answer thinking budget runs on the native "
-                                                          "engine only (set rollout.engine=native)")
 
 
 @dataclass

@@ -14,6 +14,15 @@ prompt, its seed and its sample index, not on which call or batch it ran in (up 
 batched floating-point arithmetic). Token draws use vLLM's sampler, not rltt's, so sampled
 completions differ from the native engine's; greedy ones agree.
 
+Thinking budget (`SamplingParams.thinking`): a first request per row runs to ``budget`` tokens;
+a row that reached it without stopping continues in a second request on prompt + completion —
+after the forced interruption (exit step 0, log-probs 0, `RolloutBatch.forced_mask`) with up to
+``answer_budget`` tokens if its thinking is still open, else up to ``max_new_tokens`` in all. The
+second request has the row's key and counts its exit draws from the completion's length, so greedy
+rows equal the native engine's; vLLM's token generator restarts at the second request, so sampled
+answers differ from one uninterrupted request's (they are reproducible for a seed). The forced
+tokens' gates are NaN (vLLM runs them as prompt positions).
+
 What vLLM cannot give: the ``deferred`` schedule (vLLM writes every KV slot of every token)
 and a replayable pass record (vLLM's batching is its own; a batch has ``schedule.kind ==
 "vllm"`` and no passes) — the learner scores vLLM rollouts with its dense forward.
@@ -250,8 +259,6 @@ class VllmEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        from vllm import SamplingParams as VllmSamplingParams
-
         from rltt.rollout.native import check_prompts
 
         start_time = time.perf_counter()
@@ -267,23 +274,158 @@ class VllmEngine(RolloutEngine):
         stops = set(params.stop_token_ids)
         if not params.ignore_eos and cfg.eos_token_id is not None:
             stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
+        run = _Segments(self, policy, params, keys, stops)
 
+        thinking = params.thinking
+        first_cap = params.max_new_tokens if thinking is None else thinking.budget
+        rows = [_Row() for _ in range(num_rows)]
+        for r, seg in enumerate(run([(r, prompts[i], [], first_cap) for r, i in enumerate(prompt_index)])):
+            rows[r].extend(seg)
+            rows[r].finish = seg.finish
+        if thinking is not None:
+            # the second segment: rows that reached the budget without stopping go on, forced
+            # (thinking still open: the interruption, then answer_budget tokens) or not (closed in
+            # time: up to max_new_tokens)
+            more = []
+            for r, i in enumerate(prompt_index):
+                row = rows[r]
+                if row.finish == "stop" or len(row.tokens) < thinking.budget:
+                    continue
+                if not _contains(row.tokens, thinking.close):
+                    if len(prompts[i]) + len(row.tokens) + len(thinking.interruption) >= self.max_model_len:
+                        continue  # no room for the interruption and an answer: "length"
+                    row.force(thinking.interruption)
+                    cap = thinking.answer_budget
+                else:
+                    cap = params.max_new_tokens - len(row.tokens)
+                if cap > 0 and len(prompts[i]) + len(row.tokens) < self.max_model_len:
+                    more.append((r, prompts[i], row.tokens, cap))
+            for (r, *_), seg in zip(more, run(more)):
+                rows[r].extend(seg)
+                rows[r].finish = seg.finish
+        stats = RolloutStats(tokens=sum(len(row.tokens) for row in rows))
+        stats.entries_computed = run.entries * self.num_loops
+        batch = self._to_batch(prompts, prompt_index, rows, replace(params, seed=seed), stats)
+        stats.wall_time = time.perf_counter() - start_time
+        return batch
+
+    def _take(self, call: int) -> dict[int, dict[str, list]]:
+        merged: dict[int, dict[str, list]] = {}
+        for part in self.llm.collective_rpc("rltt_take", args=(call,)):
+            merged.update(part)  # under tensor parallelism every worker records the same rows
+        return merged
+
+    def _to_batch(self, prompts, prompt_index, rows: list["_Row"], params, stats) -> RolloutBatch:
+        T = self.num_loops
+        num_rows = len(rows)
+        width = max(1, max(len(row.tokens) for row in rows))
+        ids = torch.full((num_rows, width), self.config.pad_token_id or 0, dtype=torch.long)
+        exits = torch.zeros((num_rows, width), dtype=torch.long)
+        raw = torch.zeros((num_rows, width), dtype=torch.float32)
+        tempered = torch.zeros((num_rows, width), dtype=torch.float32)
+        gates = torch.full((T, num_rows, width), float("nan"))
+        forced = torch.zeros((num_rows, width), dtype=torch.bool)
+        for r, row in enumerate(rows):
+            n = len(row.tokens)
+            if n == 0:
+                continue
+            ids[r, :n] = torch.tensor(row.tokens)
+            exits[r, :n] = torch.tensor(row.exits)
+            raw[r, :n] = torch.tensor(row.raw, dtype=torch.float32)
+            tempered[r, :n] = torch.tensor(row.tempered, dtype=torch.float32)
+            gates[:, r, :n] = torch.tensor(row.gates, dtype=torch.float32).T
+            forced[r, row.forced] = True
+        lengths = torch.tensor([len(row.tokens) for row in rows])
+        stats.row_passes = lengths * T
+        stats.passes = int(lengths.max()) * T if num_rows else 0
+        return RolloutBatch(
+            prompts=prompts, prompt_index=torch.tensor(prompt_index),
+            prompt_lengths=torch.tensor([len(prompts[i]) for i in prompt_index]),
+            completion_ids=ids, completion_lengths=lengths,
+            completion_mask=torch.arange(width)[None, :] < lengths[:, None],
+            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
+            finish_reasons=[row.finish for row in rows], schedule=Schedule("vllm"), params=params, stats=stats,
+            num_loops=T, dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0,
+            forced_mask=forced,
+        )
+
+
+class _Segment:
+    """What one vLLM request of a row generated, with its exit record."""
+
+    def __init__(self, tokens, rec, finish):
+        self.tokens, self.finish = tokens, finish
+        n = len(tokens)
+        self.exits, self.raw, self.tempered, self.gates = (rec[k][:n] for k in ("exits", "raw", "tempered", "gates"))
+
+
+class _Row:
+    """A completion row stitched from its segments and forced tokens."""
+
+    def __init__(self):
+        self.tokens, self.exits, self.raw, self.tempered, self.gates = [], [], [], [], []
+        self.forced: list[int] = []  # completion indices of forced tokens
+        self.finish = "length"
+        self._nan: list[float] | None = None
+
+    def extend(self, seg: _Segment) -> None:
+        self.tokens += seg.tokens
+        self.exits += seg.exits
+        self.raw += seg.raw
+        self.tempered += seg.tempered
+        self.gates += seg.gates
+        if seg.gates and self._nan is None:
+            self._nan = [float("nan")] * len(seg.gates[0])
+
+    def force(self, tokens: list[int]) -> None:
+        """Append forced (not sampled) tokens: exit step 0, log-probs 0, gates not computed (NaN:
+        vLLM runs them as prompt positions of the next request)."""
+        for token in tokens:
+            self.forced.append(len(self.tokens))
+            self.tokens.append(token)
+            self.exits.append(0)
+            self.raw.append(0.0)
+            self.tempered.append(0.0)
+            self.gates.append(self._nan)
+
+
+class _Segments:
+    """Runs rows as vLLM requests (one per row, n = 1) to completion and returns their segments.
+
+    A request is (row, prompt, completion so far, max new tokens): it continues the row from
+    prompt + completion, with the row's key (vLLM's per-request generator seed and the exit
+    draws, whose token index starts at the completion's length)."""
+
+    def __init__(self, engine: "VllmEngine", policy: ExitPolicy, params: SamplingParams, keys: list[int],
+                 stops: set[int]):
+        self.engine, self.policy, self.params, self.keys, self.stops = engine, policy, params, keys, stops
+        self.entries = 0  # token positions computed (prompt + generated), over all requests
+
+    def __call__(self, requests) -> list[_Segment]:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        params, engine = self.params, self.engine.llm.llm_engine
         call = next(_calls)
-        engine = self.llm.llm_engine
         request_of: dict[str, int] = {}
-        for r, i in enumerate(prompt_index):
+        prefix: dict[int, list[int]] = {}
+        for r, prompt, done, cap in requests:
+            context = list(prompt) + list(done)
             sp = VllmSamplingParams(
                 n=1, temperature=float(params.temperature), top_p=float(params.top_p), top_k=int(params.top_k),
-                max_tokens=min(params.max_new_tokens, self.max_model_len - len(prompts[i])),
-                stop_token_ids=sorted(stops), ignore_eos=True, seed=keys[r] & (2**63 - 1), detokenize=False,
-                extra_args={"rltt_call": call, "rltt_row": r, "rltt_key": keys[r], "rltt_exit": str(policy)},
+                max_tokens=min(cap, self.engine.max_model_len - len(context)),
+                stop_token_ids=sorted(self.stops), ignore_eos=True, seed=self.keys[r] & (2**63 - 1),
+                detokenize=False,
+                extra_args={"rltt_call": call, "rltt_row": r, "rltt_key": self.keys[r], "rltt_exit": str(self.policy),
+                            "rltt_offset": len(done)},
             )
             request_id = f"rltt-{call}-{r}"
             request_of[request_id] = r
-            engine.add_request(request_id, {"prompt_token_ids": prompts[i]}, sp)
+            prefix[r] = list(done)
+            engine.add_request(request_id, {"prompt_token_ids": context}, sp)
+            self.entries += len(context)
 
-        tokens: list[list[int]] = [[] for _ in range(num_rows)]
-        finish = ["length"] * num_rows
+        tokens: dict[int, list[int]] = {r: [] for r, *_ in requests}
+        finish = {r: "length" for r, *_ in requests}
         try:
             while engine.has_unfinished_requests():
                 stopped = []
@@ -294,63 +436,35 @@ class VllmEngine(RolloutEngine):
                     tokens[r] = list(out.outputs[0].token_ids)
                     if out.finished:
                         finish[r] = "stop" if out.outputs[0].finish_reason == "stop" else "length"
-                    elif params.stop_strings and any(s in params.decoder(tokens[r]) for s in params.stop_strings):
+                    elif params.stop_strings and any(s in params.decoder(prefix[r] + tokens[r])
+                                                     for s in params.stop_strings):
                         finish[r] = "stop"  # the native rule: the decoded completion contains a stop string
                         stopped.append(out.request_id)
                 if stopped:
                     engine.abort_request(stopped)
-            records = self._take(call)
+            records = self.engine._take(call)
         except BaseException:
             engine.abort_request(list(request_of))
-            self.llm.collective_rpc("rltt_drop")
+            self.engine.llm.collective_rpc("rltt_drop")
             raise
-        stats = RolloutStats(tokens=sum(len(t) for t in tokens))
-        batch = self._to_batch(prompts, prompt_index, tokens, finish, records, replace(params, seed=seed), stats)
-        stats.wall_time = time.perf_counter() - start_time
-        return batch
-
-    def _take(self, call: int) -> dict[int, dict[str, list]]:
-        merged: dict[int, dict[str, list]] = {}
-        for part in self.llm.collective_rpc("rltt_take", args=(call,)):
-            merged.update(part)  # under tensor parallelism every worker records the same rows
-        return merged
-
-    def _to_batch(self, prompts, prompt_index, tokens, finish, records, params, stats) -> RolloutBatch:
-        T = self.num_loops
-        rows = len(tokens)
-        width = max(1, max(len(t) for t in tokens))
-        ids = torch.full((rows, width), self.config.pad_token_id or 0, dtype=torch.long)
-        exits = torch.zeros((rows, width), dtype=torch.long)
-        raw = torch.zeros((rows, width), dtype=torch.float32)
-        tempered = torch.zeros((rows, width), dtype=torch.float32)
-        gates = torch.full((T, rows, width), float("nan"))
-        for r in range(rows):
+        segments = []
+        for r, *_ in requests:
             n = len(tokens[r])
             rec = records.get(r)
-            if rec is None or len(rec["tokens"]) < n or rec["tokens"][:n] != tokens[r]:
+            if n and (rec is None or len(rec["tokens"]) < n or rec["tokens"][:n] != tokens[r]):
                 got = None if rec is None else len(rec["tokens"])
                 raise RlttError(f"VllmEngine: the exit record of row {r} does not match vLLM's output "
                                 f"({got} recorded tokens for {n} generated)")
-            if n == 0:
-                continue
-            ids[r, :n] = torch.tensor(tokens[r])
-            exits[r, :n] = torch.tensor(rec["exits"][:n])
-            raw[r, :n] = torch.tensor(rec["raw"][:n], dtype=torch.float32)
-            tempered[r, :n] = torch.tensor(rec["tempered"][:n], dtype=torch.float32)
-            gates[:, r, :n] = torch.tensor(rec["gates"][:n], dtype=torch.float32).T
-        lengths = torch.tensor([len(t) for t in tokens])
-        stats.row_passes = lengths * T
-        stats.passes = int(lengths.max()) * T if rows else 0
-        stats.entries_computed = int(sum((len(prompts[i]) + len(t)) * T for i, t in zip(prompt_index, tokens)))
-        return RolloutBatch(
-            prompts=prompts, prompt_index=torch.tensor(prompt_index),
-            prompt_lengths=torch.tensor([len(prompts[i]) for i in prompt_index]),
-            completion_ids=ids, completion_lengths=lengths,
-            completion_mask=torch.arange(width)[None, :] < lengths[:, None],
-            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
-            finish_reasons=finish, schedule=Schedule("vllm"), params=params, stats=stats, num_loops=T,
-            dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0,
-        )
+            self.entries += n
+            segments.append(_Segment(tokens[r], rec or {k: [] for k in ("exits", "raw", "tempered", "gates")},
+                                     finish[r]))
+        return segments
+
+
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    """``sub`` occurs in ``seq`` as a contiguous run."""
+    k = len(sub)
+    return any(seq[i: i + k] == sub for i in range(len(seq) - k + 1))
 
 
 def _dtype_name(model_or_path: Any, config) -> str:

@@ -57,7 +57,8 @@ class RlttWorkerExtension:
                 extra = (state.sampling_params.extra_args or {}) if state.sampling_params else {}
                 policies.append(parse_policy(extra.get("rltt_exit", model.config.exit_policy), num_loops))
                 keys.append(int(extra.get("rltt_key", 0)))
-                counters.append(len(state.output_token_ids))
+                # the token index in the row's completion (a continuation request starts at rltt_offset)
+                counters.append(len(state.output_token_ids) + int(extra.get("rltt_offset", 0)))
             return req_ids, RowExits.build(policies, keys, counters)
 
         original = runner.sample_tokens
