@@ -309,7 +309,8 @@ def run(args) -> dict:
 
     rl = make_rltt(args, model_path, out / "rltt")
     start_model, _ = load_policy(model_path, "fp32", "cpu")
-    rl_exit_policy = rl.recipe.rollout.exit_policy or rl.learner_model().config.exit_policy
+    model_exit_policy = rl.learner_model().config.exit_policy
+    rl_exit_policy = rl.recipe.rollout.exit_policy or model_exit_policy
     t0 = time.perf_counter()
     before = solve_rate(start_model, rl, args)
     before_own = solve_rate(start_model, rl, args, rl_exit_policy) if rl_exit_policy != "final" else before
@@ -338,7 +339,7 @@ def run(args) -> dict:
 
     skip = min(args.warmup_steps, args.steps - 1)
     res = {
-        "model": model_desc, "model_exit_policy": rl.learner_model().config.exit_policy, "rltt_exit_policy": rl_exit_policy,
+        "model": model_desc, "model_exit_policy": model_exit_policy, "rltt_exit_policy": rl_exit_policy,
         "steps": args.steps, "warmup_steps_excluded": skip, "prompts": args.prompts, "group": args.group,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "lr": args.lr,
         "lr_warmup": args.lr_warmup, "micro": args.micro, "schedule": args.schedule,
