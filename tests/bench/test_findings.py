@@ -1,0 +1,109 @@
+"""bench/findings.py: its arm scheduler, and the smoke mode end to end (every arm runs, every file is written)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("findings", ROOT / "bench" / "findings.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scheduler_runs_dependencies_first_and_skips_after_a_failure(tmp_path):
+    bench = _load()
+    order = []
+
+    def step(name, fail=False):
+        def fn():
+            order.append(name)
+            if fail:
+                raise ValueError("boom")
+        return fn
+
+    arms = {
+        "a": bench.Arm("a", fn=step("a"), cost=1),
+        "b": bench.Arm("b", fn=step("b"), deps=("a",), cost=1),
+        "bad": bench.Arm("bad", fn=step("bad", fail=True), cost=5),
+        "after-bad": bench.Arm("after-bad", fn=step("after-bad"), deps=("bad",)),
+        "after-after": bench.Arm("after-after", fn=step("after-after"), deps=("after-bad",)),
+    }
+    bench.run_arms(arms, tmp_path / "logs", jobs=1)
+    assert order[0] == "bad"  # one job: the longest chain first
+    assert order.index("a") < order.index("b")
+    assert {n: a.status for n, a in arms.items()} == {
+        "a": "done", "b": "done", "bad": "failed", "after-bad": "skipped", "after-after": "skipped"}
+    assert "boom" in arms["bad"].error
+
+
+@pytest.mark.slow  # one CLI start-up (~10 s on a loaded machine)
+def test_cli_arms_log_their_command_and_fail_on_a_bad_recipe_key(tmp_path):
+    bench = _load()
+    arms = {"bad-key": bench.Arm("bad-key", ["train", bench.RL_RECIPE, "train.no_such_key=1",
+                                             f"logging.run_dir={tmp_path / 'run'}"])}
+    bench.run_arms(arms, tmp_path / "logs", jobs=1)
+    arm = arms["bad-key"]
+    assert arm.status == "failed" and "exit status 2" in arm.error and "train.no_such_key" in arm.error
+    assert (tmp_path / "logs" / "bad-key.log").read_text().startswith("rltt train recipes/quickstart.yaml")
+
+
+def test_only_rejects_unknown_findings():
+    bench = _load()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--only", "band,nope"])
+    assert bench.parse_args(["--only", "lr,credit"]).only == ("lr", "credit")
+
+
+@pytest.mark.slow
+def test_smoke_mode_runs_every_arm_and_writes_every_output(tmp_path):
+    bench = _load()
+    out = tmp_path / "findings"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    check_smoke_outputs(bench, out)
+
+
+def check_smoke_outputs(bench, out: Path) -> None:
+    report = json.loads((out / "findings.json").read_text())
+    arms = report["arms"]
+    expected = {"band-pool", "band-curate-low", "band-curate-mixed", "band-curate-high",
+                *(f"band-{b}-s0" for b in bench.BANDS), *(f"lr-{lr:.0e}-s0" for lr in bench.LRS),
+                "dense-pretrain-T4", "dense-pretrain-T1", "dense-rl-T4-s0", "dense-rl-T1-s0",
+                *(f"credit-{k}-s0" for k in bench.CREDIT)}
+    assert set(arms) == expected
+    assert all(a["status"] == "done" for a in arms.values()), {n: a["error"] for n, a in arms.items() if a["error"]}
+    steps = bench.SMOKE.rl_steps
+    for name, arm in arms.items():
+        if name.startswith(("band-low", "band-mixed", "band-high", "lr-", "dense-rl", "credit-")):
+            records = [json.loads(line) for line in (Path(arm["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+            assert [r["step"] for r in records] == list(range(steps + 1)), name
+            assert "eval/solve_rate" in records[0] and "eval/solve_rate" in records[-1], name
+    for band in bench.BANDS:  # every band's kept set is non-empty and inside its window
+        lo, hi = bench.BANDS[band]
+        kept = [json.loads(line) for line in (out / "band" / f"{band}.jsonl").read_text().splitlines()]
+        assert kept and all(lo - 1e-9 <= r["solve_rate"] <= hi + 1e-9 for r in kept), band
+    res = report["results"]
+    assert set(res) == set(bench.FINDINGS)
+    assert all(res["band"]["bands"][b]["seeds"] == 1 for b in bench.BANDS)
+    assert all(len(r["reviews"]) == 1 and r["reviews"][0]["exit"] == 0 for r in res["lr"].values())
+    for loops in ("T4", "T1"):
+        assert res["dense"][loops]["pretrain"]["lm_loss"] > 0 and res["dense"][loops]["seeds"] == 1
+    assert all(res["credit"][k]["seeds"] == 1 for k in bench.CREDIT)
+    for name in bench.FINDINGS:
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 100_000, name
+    md = (out / "findings.md").read_text()
+    assert md.startswith(bench.SECTION)
+    for title in ("### 1. Solve-rate band", "### 2. Learning rate", "### 3. Dense twin", "### 4. Per-loop credit"):
+        assert title in md
+    for name in bench.FINDINGS:
+        assert f"({name}.png)" in md
+    assert md.count("rltt train recipes/quickstart.yaml") == len([n for n in arms if arms[n]["command"].startswith(
+        "rltt train")]) and "rltt pretrain recipes/pretrain-tiny.yaml model.config.num_loops=1" in md
