@@ -26,9 +26,10 @@ Reproduces four published findings about RL on looped models with real ``rltt cu
 Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes
 ``OUT/findings.json``, ``OUT/findings.md`` (a Markdown section per finding, with the exact
 commands), ``OUT/<finding>.png``, the run directories under ``OUT/runs`` and one log per arm
-under ``OUT/logs``. The full mode takes about 15-30 minutes on 2 CPU cores; ``--smoke`` (one
-seed, a few steps per arm, tiny evaluations and pretraining) checks that every arm runs in a
-few minutes. The full mode reuses the cached quickstart model (built by
+under ``OUT/logs``. The full mode (40 RL steps per arm; two seeds for the per-loop credit arms,
+one for the others) took 33 minutes on 2 CPU cores shared with other jobs (load 4-8); ``--smoke``
+(one seed, a few steps per arm, tiny evaluations and pretraining) checks that every arm runs in a
+few minutes. ``--resume`` continues an interrupted run; ``--report-only`` rebuilds the outputs. The full mode reuses the cached quickstart model (built by
 ``rltt.stages.quickstart`` from ``recipes/pretrain-tiny.yaml``) as the T = 4 pretraining arm;
 ``--retrain-t4`` runs that pretraining again.
 """
@@ -78,7 +79,8 @@ NAN = float("nan")
 class Scale:
     """How big each arm is."""
 
-    seeds: int  # seeds of the band and credit arms
+    seeds: int  # seeds of the band arms
+    credit_seeds: int
     rl_steps: int  # RL steps of the band, dense and credit arms
     lr_steps: int  # RL steps of the learning-rate arms
     lr_seeds: int
@@ -91,9 +93,9 @@ class Scale:
     reuse_t4: bool = True  # the T = 4 arm is the cached quickstart model
 
 
-FULL = Scale(seeds=2, rl_steps=40, lr_steps=40, lr_seeds=1, dense_seeds=1, eval_size=256, eval_samples=2,
+FULL = Scale(seeds=1, credit_seeds=2, rl_steps=40, lr_steps=40, lr_seeds=1, dense_seeds=1, eval_size=256, eval_samples=2,
              pool_per_preset=128, curate_samples=16)
-SMOKE = Scale(seeds=1, rl_steps=3, lr_steps=3, lr_seeds=1, dense_seeds=1, eval_size=8, eval_samples=1,
+SMOKE = Scale(seeds=1, credit_seeds=1, rl_steps=3, lr_steps=3, lr_seeds=1, dense_seeds=1, eval_size=8, eval_samples=1,
               pool_per_preset=8, curate_samples=4, reuse_t4=False,
               pretrain=("train.steps=4", "train.batch_size=4", "eval.every=4", "eval.loss_batches=1",
                         "eval.solve_problems=4", "eval.max_new_tokens=16", "data.held_out_docs=8",
@@ -305,7 +307,7 @@ def dense_arms(out: Path, scale: Scale, retrain_t4: bool, t4_info: dict) -> dict
 def credit_arms(out: Path, scale: Scale) -> dict[str, Arm]:
     arms = {}
     for kind, overrides in CREDIT.items():
-        for seed in range(scale.seeds):
+        for seed in range(scale.credit_seeds):
             name = f"credit-{kind}-s{seed}"
             run = out / "runs" / name
             arms[name] = Arm(name, train_argv(scale, run, seed, scale.rl_steps, [*CREDIT_ROLLOUT, *overrides]),
@@ -630,7 +632,7 @@ def plot_dense(res: dict, path: Path) -> None:
                         label="held-out solve rate" if i == 0 else None)
     axes[1].set_xticks(list(x), names)
     axes[1].set(title="after pretraining")
-    axes[1].legend()
+    axes[1].legend(loc="lower center", fontsize=6)
     _bars(axes[2], names, [res[n] for n in names])
     axes[2].set(title="held-out gain after equal RL steps (points)")
     _save(fig, path)
@@ -652,7 +654,7 @@ def plot_credit(res: dict, path: Path) -> None:
             axes[1].bar([t - 0.4 + width * (i + 1.5) for t in range(1, T + 1)], agg["exit_p_last"], width,
                         color=f"C{i}", label=name)
     axes[1].set(title="exit distribution p_t on the rollouts, after RL", xlabel="loop t")
-    axes[1].legend(fontsize=6)
+    axes[1].legend(fontsize=6, loc="lower center", ncol=2)
     for i, name in enumerate(names):
         steps, v = _mean_series([r["series"]["exit/mean_step"] for r in res[name]["runs"]])
         if steps:
@@ -774,7 +776,7 @@ def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
     return paragraphs(
         "### 4. Per-loop credit",
         f"The quickstart recipe with `rollout.exit_policy=sample` (each token's exit drawn from the gate) and each "
-        f"`algorithm.policy_logprob`, {scale.rl_steps} steps, {scale.seeds} seed(s), the same seeds for every arm. "
+        f"`algorithm.policy_logprob`, {scale.rl_steps} steps, {scale.credit_seeds} seed(s), the same seeds for every arm. "
         "Held-out evaluation samples exits too.",
         table(["policy_logprob", "held-out start → end", "held-out gain, points",
                "rollout exit p_1..p_4: first step → last 10 % of steps", "held-out mean exit step", "step s"], rows),
@@ -784,22 +786,36 @@ def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
 # --------------------------------------------------------------------------- main
 
 
-def mark_finished(arms: dict[str, Arm], out: Path) -> None:
-    """``--report-only``: an arm counts as done when its outputs are there (in-process arms run again:
-    they only write the pool file or look the cached model up)."""
+def finished(arm: Arm) -> bool:
+    """Whether a CLI arm's outputs in --out are complete (a train run: its last step logged with
+    the final evaluation; a pretraining run: its summary; a curation: its kept set)."""
+    if arm.argv[0] == "curate":
+        kept = Path(arm.argv[arm.argv.index("--kept") + 1])
+        return (kept if kept.is_absolute() else ROOT / kept).is_file()
+    if arm.argv[0] == "pretrain":
+        return (arm.run_dir / "summary.json").is_file()
+    if not (arm.run_dir / "metrics.jsonl").is_file():
+        return False
+    steps = int(next(a for a in arm.argv if a.startswith("train.steps=")).partition("=")[2])
+    last = read_records(arm.run_dir)[-1:]
+    return bool(last) and last[0]["step"] == steps and "eval/solve_rate" in last[0]
+
+
+def mark_finished(arms: dict[str, Arm], report_only: bool) -> None:
+    """``--report-only`` / ``--resume``: an arm whose outputs are complete counts as done
+    (in-process arms run again: they only write the pool file or look the cached model up).
+    ``--report-only`` marks the others failed; ``--resume`` removes their partial run
+    directories and leaves them to run."""
     for arm in arms.values():
         if arm.fn is not None:
             arm.fn()
             arm.status = "done"
-            continue
-        if arm.argv[0] == "curate":
-            outputs = [Path(arm.argv[arm.argv.index("--kept") + 1])]
-        elif arm.argv[0] == "pretrain":
-            outputs = [arm.run_dir / "summary.json"]
-        else:
-            outputs = [arm.run_dir / "metrics.jsonl"]
-        done = all((p if p.is_absolute() else ROOT / p).exists() for p in outputs)
-        arm.status, arm.error = ("done", "") if done else ("failed", "no outputs in --out")
+        elif finished(arm):
+            arm.status = "done"
+        elif report_only:
+            arm.status, arm.error = "failed", "no complete outputs in --out"
+        elif arm.run_dir is not None:
+            shutil.rmtree(arm.run_dir, ignore_errors=True)
 
 
 def build_arms(out: Path, scale: Scale, only: tuple[str, ...], retrain_t4: bool, t4_info: dict) -> dict[str, Arm]:
@@ -821,7 +837,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="one seed, a few steps per arm, tiny evaluations")
     parser.add_argument("--jobs", type=int, default=2, help="arms run at once (one CPU thread each; default 2)")
     parser.add_argument("--only", default=",".join(FINDINGS), help=f"findings to run (default {','.join(FINDINGS)})")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds of the band, dense and credit arms")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds of the band arms")
+    parser.add_argument("--credit-seeds", type=int, default=None, help="seeds of the per-loop credit arms")
     parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense and credit arms")
     parser.add_argument("--lr-steps", type=int, default=None, help="RL steps of the learning-rate arms")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems per evaluation")
@@ -829,6 +846,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run the T = 4 pretraining too (default: reuse the cached quickstart model)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the JSON, Markdown and figures from the runs already in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the complete arms already in --out and run the rest (after an interrupted run)")
     parser.add_argument("--figures", default=None, metavar="DIR",
                         help="also copy the PNGs to DIR (e.g. bench/figures) and link them from the Markdown "
                              "relative to bench/")
@@ -845,8 +864,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     scale = SMOKE if args.smoke else FULL
-    for key, value in (("seeds", args.seeds), ("rl_steps", args.steps), ("lr_steps", args.lr_steps),
-                       ("eval_size", args.eval_size)):
+    for key, value in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds), ("rl_steps", args.steps),
+                       ("lr_steps", args.lr_steps), ("eval_size", args.eval_size)):
         if value is not None:
             if value < 1:
                 raise SystemExit(f"findings: --{key.replace('_', '-')} must be >= 1")
@@ -856,14 +875,17 @@ def run(args: argparse.Namespace) -> dict:
     arms = build_arms(out, scale, args.only, args.retrain_t4, t4_info)
     start = time.perf_counter()
     if args.report_only:
-        mark_finished(arms, out)
+        mark_finished(arms, report_only=True)
+    elif args.resume:
+        mark_finished(arms, report_only=False)
+        run_arms(arms, out / "logs", args.jobs)
     else:
         for sub in ("runs", "band", "logs"):
             shutil.rmtree(out / sub, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         run_arms(arms, out / "logs", args.jobs)
     elapsed = time.perf_counter() - start
-    if args.report_only and (out / "findings.json").is_file():
+    if args.report_only and (out / "findings.json").is_file():  # the time of the run it reports
         elapsed = json.loads((out / "findings.json").read_text()).get("seconds", elapsed)
 
     figures = {}
@@ -890,7 +912,8 @@ def run(args: argparse.Namespace) -> dict:
     mode = "smoke" if args.smoke else "full"
     flags = [f"--out {rel(out)}", *(["--smoke"] if args.smoke else []),
              *([f"--only {','.join(args.only)}"] if args.only != FINDINGS else []),
-             *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("steps", args.steps),
+             *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds),
+                                                          ("steps", args.steps),
                                                           ("lr_steps", args.lr_steps), ("eval_size", args.eval_size))
                if v is not None),
              *([f"--jobs {args.jobs}"] if args.jobs != 2 else []), *(["--retrain-t4"] if args.retrain_t4 else [])]
