@@ -110,6 +110,15 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: in
     return config
 
 
+def _free_port() -> int:
+    """A TCP port the OS reports free on this host (for a one-process group's rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def init_distributed_if_needed() -> None:
     """Start torch.distributed for DeepSpeed: from torchrun/deepspeed env vars, else a 1-process group."""
     import deepspeed
@@ -118,7 +127,7 @@ def init_distributed_if_needed() -> None:
         return
     if "RANK" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))  # a fixed or pid-derived port can be taken
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend)
