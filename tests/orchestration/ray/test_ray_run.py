@@ -94,6 +94,8 @@ def test_ray_run_with_two_learners_equals_the_local_deepspeed_loop(ray_cluster, 
     env = dict(os.environ, OMP_NUM_THREADS="1",  # the learner actors run torch single-threaded too
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[3]), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rltt" / "torch_extensions"))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # left by in-process DeepSpeed
+        env.pop(key, None)  # tests, whose live group still holds that port: the run picks its own
     # its own process: DeepSpeed forms a one-rank process group there
     proc = subprocess.run([sys.executable, "-m", "rltt.cli.main", "train", str(local), *STEPS, *DEEPSPEED],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
