@@ -520,14 +520,6 @@ def section_kernels(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
 MEAN_EXIT = 2.5
 
 
-def gate_lambda(mean_exit: float, num_loops: int) -> float:
-    """λ with Σ_{t<T} (1 − λ)^t = mean_exit (the expected exit step of the ``sample`` policy)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        lam = (lo + hi) / 2
-        mean = sum((1 - lam) ** t for t in range(num_loops))
-        lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
-    return (lo + hi) / 2
 
 
 def build_ouro_model(ctx: Context):
@@ -541,6 +533,8 @@ def build_ouro_model(ctx: Context):
     with torch.device(ctx.device):
         model = LoopedForCausalLM(cfg)
     model = model.to(torch.bfloat16).eval()
+    from rltt.model.exits import gate_lambda
+
     lam = gate_lambda(MEAN_EXIT, cfg.num_loops)
     with torch.no_grad():
         model.model.exit_gate.weight.zero_()
@@ -727,6 +721,8 @@ def write_smoke_run(ctx: Context, tmp: Path) -> Path:
                         max_position_embeddings=1024, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                         eos_token_id=tok.eos_token_id)
     model = LoopedForCausalLM(config)
+    from rltt.model.exits import gate_lambda
+
     lam = gate_lambda(MEAN_EXIT, config.num_loops)
     with torch.no_grad():
         model.model.exit_gate.weight.zero_()

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from rltt.model import LoopConfig, LoopedForCausalLM
+from rltt.model.exits import gate_lambda
 from rltt.rollout import NativeEngine, SamplingParams
 
 SECTION = "## Rollout engine (bench/rollout.py)"
@@ -63,14 +64,6 @@ machine: 2 cores, idle, 1 thread, CPU time):
 """
 
 
-def gate_lambda(mean_exit: float, num_loops: int) -> float:
-    """λ with Σ_{t<T} (1 − λ)^t = mean_exit (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        lam = (lo + hi) / 2
-        mean = sum((1 - lam) ** t for t in range(num_loops))
-        lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
-    return (lo + hi) / 2
 
 
 def build_model(args) -> LoopedForCausalLM:

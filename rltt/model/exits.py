@@ -73,3 +73,14 @@ class ExitPolicy:
         flat = exit_probs.float().reshape(num_loops, -1).transpose(0, 1).clamp_min(0)
         steps = torch.multinomial(flat, 1, generator=generator).squeeze(-1) + 1
         return steps.reshape(shape)
+
+
+def gate_lambda(mean_exit: float, num_loops: int) -> float:
+    """The constant gate λ whose survival exit distribution has mean exit step ``mean_exit``:
+    Σ_{t<T} (1 − λ)^t = mean_exit, by bisection (a gate bias of logit(λ) gives it)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        lam = (lo + hi) / 2
+        mean = sum((1 - lam) ** t for t in range(num_loops))
+        lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
+    return (lo + hi) / 2
