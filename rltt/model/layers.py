@@ -35,6 +35,10 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same operations fused (bitwise equal in fp32; not in bf16, where transformers
+            # multiplies the weight after the cast back)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.variance_epsilon)
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
@@ -58,20 +62,23 @@ class RotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables `apply_rotary` takes for ``position_ids`` (..., S): ``cos`` and the *signed*
+        ``sin`` (its first half negated), both (..., 1, S, D), the head axis ready to broadcast."""
         freqs = position_ids[..., None].float() * self.inv_freq(position_ids.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        half = self.head_dim // 2
+        sign = torch.cat((-torch.ones(half), torch.ones(half))).to(emb.device)
+        return emb.cos().to(dtype).unsqueeze(-3), (emb.sin() * sign).to(dtype).unsqueeze(-3)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of x (B, H, S, D) with `RotaryEmbedding`'s tables (B, 1, S, D).
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, S, D); cos/sin (B, S, D)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (rotate_half(x) * sin)
+    ``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = (−x₂, x₁)``: the sign moves into the
+    table, ``(−x₂)·sin = x₂·(−sin)`` exactly, so one roll replaces two slices, a negation and a
+    concatenation with the same bits (transformers' Qwen/Llama arithmetic).
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class StepLinear(nn.Linear):

@@ -45,6 +45,9 @@ class SlotGroup:
     width: int  # queries per entry (1 in plain decode)
     slot_row: torch.Tensor | None  # (n,) entry index within the group, when width > 1
     slot_col: torch.Tensor | None  # (n,) query slot within the entry, when width > 1
+    pad_rows: torch.Tensor | None = None  # (m,) single-token entries at one step, most rows: attend over
+    # every row of that step's cache (a view) with the entries' queries placed at their rows, instead
+    # of gathering their keys (a copy of the whole cache slice per layer and pass)
 
 
 def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list[int], num_cache_rows: int,
@@ -90,23 +93,34 @@ def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list
             items = torch.tensor([offsets[i] + k for i in entries for k in range(counts[i])], device=device)
         uniform = all(st == g_steps[0] for st in g_steps)
         step_view = g_steps[0] if uniform and g_rows == list(range(num_cache_rows)) else None
+        pad_rows = None
+        if step_view is None and uniform and width == 1 and 2 * len(entries) >= num_cache_rows:
+            step_view, pad_rows = g_steps[0], torch.tensor(g_rows, device=device)
+            full = torch.zeros(num_cache_rows, n_rep, key_len, dtype=torch.bool, device=device)
+            full[:, :, 0] = True  # rows without an entry: any finite row (its output is dropped)
+            full[pad_rows] = mask
+            mask = full
         slots = torch.tensor([(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)], device=device)
         groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len, mask=mask[:, None],
-                                width=width, slot_row=slot_row, slot_col=slot_col))
+                                width=width, slot_row=slot_row, slot_col=slot_col, pad_rows=pad_rows))
     return groups
 
 
 class GroupedAttend:
     """``attend(q, k, v, layer)`` for one pass: items are rows of q/k/v (N, H, 1, D)."""
 
-    def __init__(self, cache: StepKVCache, groups: list[SlotGroup], item_rows: torch.Tensor,
-                 item_pos: torch.Tensor, item_steps: torch.Tensor, scale: float):
-        self.cache, self.groups, self.scale = cache, groups, scale
-        # each item's (k, v) rows in the cache viewed as (T·R·Hkv·max_len, D): one index_copy_ per write
+    def __init__(self, cache: StepKVCache, groups: list[SlotGroup], write_rows: torch.Tensor, scale: float):
+        self.cache, self.groups, self.write_rows, self.scale = cache, groups, write_rows, scale
+
+    @staticmethod
+    def write_rows_of(cache: StepKVCache, item_rows: torch.Tensor, item_pos: torch.Tensor,
+                      item_steps: torch.Tensor) -> torch.Tensor:
+        """Each item's (k, v) rows in the cache viewed as (T·R·Hkv·max_len, D), head-major per
+        item: one ``index_copy_`` per write."""
         _, R, H, L, _ = cache.keys[0].shape
         heads = torch.arange(H, device=item_rows.device)
         base = ((item_steps - 1) * R + item_rows) * (H * L) + item_pos
-        self.write_rows = (base[:, None] + heads[None, :] * L).reshape(-1)
+        return (base[:, None] + heads[None, :] * L).reshape(-1)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
@@ -127,6 +141,9 @@ class GroupedAttend:
                 g_values = flat_values[:, :, : g.key_len].index_select(0, g.slots)
             m = g.slots.shape[0]
             g_q = q[:, :, 0] if g.items is None else q[:, :, 0].index_select(0, g.items)  # (n, Hq, D)
+            if g.pad_rows is not None:
+                m = keys.shape[1]
+                g_q = g_q.new_zeros(m, num_heads, head_dim).index_copy_(0, g.pad_rows, g_q)
             if g.width == 1:
                 g_q = g_q.view(m, num_kv, n_rep, head_dim)
             else:
@@ -137,6 +154,8 @@ class GroupedAttend:
             out = F.scaled_dot_product_attention(g_q, g_keys, g_values, attn_mask=g.mask, scale=self.scale)
             if g.width == 1:
                 out = out.reshape(m, num_heads, head_dim)
+                if g.pad_rows is not None:
+                    out = out.index_select(0, g.pad_rows)
             else:
                 out = out.view(m, num_kv, n_rep, g.width, head_dim).permute(0, 3, 1, 2, 4)
                 out = out.reshape(m, g.width, num_heads, head_dim)[g.slot_row, g.slot_col]

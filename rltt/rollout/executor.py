@@ -38,15 +38,18 @@ class _PassPlan:
     cos: torch.Tensor
     sin: torch.Tensor
     groups: list[SlotGroup]
+    write_rows: torch.Tensor  # where the items' keys/values go (`GroupedAttend.write_rows_of`)
 
-    def restep(self, step: int, num_cache_rows: int) -> None:
-        """The same ranges at another (uniform) step: move the cache slots the groups read."""
+    def restep(self, step: int, cache: StepKVCache) -> None:
+        """The same ranges at another (uniform) step: move the cache slots the groups read and write."""
         if step == self.step:
             return
+        _, num_cache_rows, heads, max_len, _ = cache.keys[0].shape
         shift = (step - self.step) * num_cache_rows
         self.groups = [replace(g, slots=g.slots + shift, step_view=None if g.step_view is None else step)
                        for g in self.groups]
         self.item_steps = torch.full_like(self.item_steps, step)
+        self.write_rows = self.write_rows + shift * heads * max_len
         self.step = step
 
 
@@ -85,7 +88,7 @@ class PassExecutor:
         step = steps[0] if plan.uniform else item_steps  # an int keeps LoRA on its batched path
         # step 1 reads no carry (z_1 = e): skip the gather
         carry = embeds if plan.uniform and steps[0] == 1 else self.carry[item_rows, item_pos]
-        attend = GroupedAttend(self.cache, plan.groups, item_rows, item_pos, item_steps, self.scale)
+        attend = GroupedAttend(self.cache, plan.groups, plan.write_rows, self.scale)
         # the items are the batch axis, one position each: (N, 1, d)
         h, carry = self.inner.step(embeds[:, None], carry[:, None], step, plan.cos, plan.sin, attend)
         gates = self.inner.gate(h)[:, 0]
@@ -100,7 +103,7 @@ class PassExecutor:
         key = (tuple(rows), tuple(starts), tuple(ends))
         cached = self._plan
         if uniform and cached is not None and cached.key == key:
-            cached.restep(steps[0], self.num_rows)
+            cached.restep(steps[0], self.cache)
             return cached
         device = self.device
         counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)], device=device)
@@ -119,7 +122,8 @@ class PassExecutor:
             key=key, uniform=uniform, step=steps[0], last=last, item_rows=item_rows, item_pos=item_pos,
             item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
             cos=self.cos[item_pos], sin=self.sin[item_pos],
-            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device))
+            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device),
+            write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps))
         self._plan = plan if uniform else None
         return plan
 
