@@ -98,9 +98,6 @@ class StageRun:
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = pick_device(recipe.model.device)
-        if self.device.type == "cpu":
-            # tiny Adam second moments and gate gradients turn denormal and slow CPU math ~10x
-            torch.set_flush_denormal(True)
         self.sources = open_sources(recipe.data)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if not resume and (self.run_dir / "metrics.jsonl").exists():
@@ -228,6 +225,9 @@ class StageRun:
         log_every = self.recipe.logging.every
         bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not self.recipe.logging.progress,
                    dynamic_ncols=True)
+        # tiny Adam second moments and gate gradients turn denormal and slow CPU math ~10x: flush
+        # them for the run only (the setting is process-wide; other code in the process keeps IEEE)
+        flush = self.device.type == "cpu" and torch.set_flush_denormal(True)
         try:
             while self.step < t.steps:
                 metrics = self.train_step()
@@ -249,6 +249,8 @@ class StageRun:
                 if on_step is not None:
                     on_step(self.step, metrics)
         finally:
+            if flush:
+                torch.set_flush_denormal(False)
             bar.close()
             self.logger.close()
         return self.finish()

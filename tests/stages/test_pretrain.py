@@ -121,3 +121,15 @@ def test_resume_before_first_checkpoint_starts_over_cleanly(tmp_path):
         pretrain(tiny_pretrain_recipe(part, ["train.steps=4", "eval.every=4"]), on_step=crash)
     pretrain(tiny_pretrain_recipe(part, ["train.steps=4", "eval.every=4"]), resume=True)
     assert _stable(read_metrics(part)) == _stable(read_metrics(full))
+
+
+def test_flush_denormal_is_set_for_the_run_only(tmp_path):
+    """The stage flushes denormals while it trains (CPU speed) and leaves the process's IEEE
+    arithmetic as it found it: code that runs after it in the same process sees denormals."""
+    tiny = torch.tensor([1e-39])  # a float32 denormal
+    assert float(tiny * 1.0) != 0.0
+    seen = []
+    pretrain(tiny_pretrain_recipe(tmp_path / "run", ["train.steps=2", "checkpoint.every=0", "eval.every=2"]),
+             on_step=lambda step, metrics: seen.append(float(tiny * 1.0)))
+    assert seen == [0.0, 0.0]  # flushed during the run
+    assert float(tiny * 1.0) != 0.0  # restored after it
