@@ -28,7 +28,20 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rltt")
 
 
-def _key(recipe_text: str, overrides: list[str]) -> str:
+def _key(overrides: list[str]) -> str:
+    """The cache key: a hash of the *resolved* recipe (every value after defaults and overrides)
+    without its ``logging`` section, so comments, formatting or a logging setting in the recipe
+    file do not rebuild the model, and any value that changes the training does."""
+    from rltt.config import to_dict
+    from rltt.stages.pretrain import load_pretrain_recipe
+
+    resolved = to_dict(load_pretrain_recipe(RECIPE, overrides))
+    resolved.pop("logging", None)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _text_key(recipe_text: str, overrides: list[str]) -> str:
+    """The key caches were written under before the resolved-recipe key (still accepted)."""
     return hashlib.sha256((recipe_text + "\0" + "\0".join(overrides)).encode()).hexdigest()[:16]
 
 
@@ -39,22 +52,23 @@ def ensure_quickstart_model(cache_dir: str | Path | None = None, overrides: Iter
     ``cache_dir`` defaults to :func:`default_cache_dir`; the model lives in
     ``<cache_dir>/quickstart-model`` (with ``overrides`` — recipe ``key=value`` changes, e.g.
     for a faster test build — in ``quickstart-model-<hash>``). The cache is keyed by the
-    recipe's text and the overrides, so editing the recipe rebuilds it.
+    resolved recipe (see `_key`), so changing a recipe value rebuilds it and a comment does not.
     """
     from rltt.stages.pretrain import load_pretrain_recipe, pretrain
 
     overrides = list(overrides)
     if not RECIPE.is_file():
         raise RlttError(f"quickstart recipe not found: {RECIPE} (run from an rltt source checkout)")
-    text = RECIPE.read_text(encoding="utf-8")
-    key = _key(text, overrides)
+    key = _key(overrides)
+    earlier = _text_key(RECIPE.read_text(encoding="utf-8"), overrides)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     home = root / ("quickstart-model" if not overrides else f"quickstart-model-{key[:8]}")
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        ready = _ready(home, key)
+        ready = _ready(home, (key, earlier))
         if ready is not None:
+            _record_key(home, key)
             return ready
         run_dir = home / "run"
         recipe = load_pretrain_recipe(RECIPE, [*overrides, f"logging.run_dir={run_dir}", f"logging.progress={progress}"])
@@ -74,7 +88,7 @@ def quickstart_info(cache_dir: str | Path | None = None) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _ready(home: Path, key: str) -> Path | None:
+def _ready(home: Path, keys: tuple[str, ...]) -> Path | None:
     path = home / READY_FILE
     if not path.is_file():
         return None
@@ -83,9 +97,18 @@ def _ready(home: Path, key: str) -> Path | None:
     except ValueError:
         return None
     model = Path(info.get("model", ""))
-    if info.get("key") != key or not (model / "config.json").is_file():
+    if info.get("key") not in keys or not (model / "config.json").is_file():
         return None
     return model
+
+
+def _record_key(home: Path, key: str) -> None:
+    """A cache accepted under the earlier text key is recorded under the resolved-recipe key."""
+    path = home / READY_FILE
+    info = json.loads(path.read_text())
+    if info.get("key") != key:
+        info["key"] = key
+        path.write_text(json.dumps(info, indent=2) + "\n")
 
 
 def _clear(run_dir: Path) -> None:

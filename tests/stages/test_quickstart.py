@@ -64,3 +64,29 @@ def test_full_quickstart_model_has_mixed_solve_rate(tmp_path):
     info = json.loads((path.parents[1] / "quickstart.json").read_text())
     assert 0.2 <= info["eval"]["eval/solve_rate"] <= 0.6
     assert info["eval"]["eval/exit/p_1"] < 0.9 and info["eval"]["eval/exit/collapse"] < 0.5
+
+
+def test_cache_key_is_the_resolved_recipe(tmp_path, monkeypatch):
+    """A comment, a reordering or a logging setting in the recipe file keeps the cached model;
+    a value that changes training rebuilds it; a cache written under the earlier text key is
+    accepted and re-recorded under the resolved key."""
+    text = quickstart.RECIPE.read_text(encoding="utf-8")
+    base = quickstart._key(FAST)
+    edited = tmp_path / "pretrain-tiny.yaml"
+    logging = "run_dir: runs/pretrain-tiny\n  every: 5"
+    assert logging in text
+    edited.write_text("# a comment\n" + text.replace(logging, "run_dir: elsewhere\n  every: 2"), encoding="utf-8")
+    monkeypatch.setattr(quickstart, "RECIPE", edited)
+    assert quickstart._key(FAST) == base
+    assert quickstart._key([*FAST, "optim.lr=0.002"]) != base
+    assert quickstart._key([*FAST, "logging.every=1"]) == base
+
+    home = tmp_path / "cache" / f"quickstart-model-{base[:8]}"
+    model = home / "run" / "final"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (home / "quickstart.json").write_text(json.dumps({"key": quickstart._text_key(edited.read_text(), FAST),
+                                                      "model": str(model)}))
+    monkeypatch.setattr("rltt.stages.pretrain.pretrain", lambda *a, **k: pytest.fail("must not rebuild"))
+    assert ensure_quickstart_model(tmp_path / "cache", overrides=FAST, progress=False) == model
+    assert json.loads((home / "quickstart.json").read_text())["key"] == base
