@@ -439,7 +439,7 @@ def kernel_checks(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
                     err["ok"] &= err["grad"] <= GRAD_TOL[dname]
                     ran = True
                 err["ok"] &= ran
-            del hidden, weight, targets, ref
+            hidden = weight = targets = ref = None  # free the device memory before the next shape
         setting = (f"{where}; {dname}; {shape_text}; vs the naive reference; ok: values within atol "
                    f"{VALUE_TOL['atol']:g} + rtol {VALUE_TOL['rtol']:g}, gradients within {GRAD_TOL[dname]:g} of "
                    f"max |grad| and in the input dtype")
@@ -474,7 +474,7 @@ def _time_impl(ctx: Context, impl: str, shape, reps: int):
     except torch.cuda.OutOfMemoryError:
         return None, "OOM"
     finally:
-        del hidden, weight, targets
+        hidden = weight = targets = None  # free the device memory before the next shape
         ctx.release()
 
 
@@ -667,7 +667,6 @@ def learner_batch(ctx: Context, vocab: int, num_loops: int):
 
 
 def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
-    import torch
 
     from rltt.kernels import resolve_impl
     from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
