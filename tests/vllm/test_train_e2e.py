@@ -7,30 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from rltt.data import synthetic
-from rltt.data.tokenizer import train_tokenizer
-from rltt.model import LoopConfig, LoopedForCausalLM
+from tests.orchestration.helpers import tiny_checkpoint
 from tests.vllm.helpers import needs_vllm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, needs_vllm]
 
 
 def checkpoint(path: Path) -> Path:
-    texts = [r["question"] + "\n" + r["answer"] for r in synthetic.generate(200, "quickstart", seed=5)]
-    tok = train_tokenizer(texts, vocab_size=128, kind="char")
-    torch.manual_seed(0)
-    config = LoopConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=192, num_hidden_layers=1,
-                        num_attention_heads=2, head_dim=64, num_loops=3, max_position_embeddings=512,
-                        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                        exit_policy="threshold:0.5")
-    model = LoopedForCausalLM(config)
-    model.model.exit_gate.bias.data.fill_(-0.5)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_checkpoint(path, hidden_size=128, intermediate_size=192, head_dim=64, max_position_embeddings=512)
 
 
 def test_five_steps_with_vllm_rollouts(tmp_path):
