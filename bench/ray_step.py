@@ -154,10 +154,11 @@ def step_times(args, out: Path) -> dict:
             print(f"[ray_step] step {step}: " + ", ".join(f"{n} {rows[n][-1]['wall']:.2f} s" for n in names)
                   + f" (load {load()})", flush=True)
         load_after = load()
-        model_bytes = 0
+        model_bytes, transport = 0, None
         if "local" in trainers:
             _, tensors = trainers["local"].learner.rollout_state_dict()
             model_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            transport = batch_transport(trainers["local"], args.steps + 1)
     finally:
         for tr in trainers.values():
             if tr.logger is not None:
@@ -172,7 +173,7 @@ def step_times(args, out: Path) -> dict:
 
     base = rows.get("local")
     result = {"steps": args.steps, "load_before": load_before, "load_after": load_after, "model_bytes": model_bytes,
-              "configs": {}}
+              "transport": transport, "configs": {}}
     for name in names:
         same = None
         if base is not None:
@@ -188,6 +189,40 @@ def step_times(args, out: Path) -> dict:
     for name, c in result["configs"].items():
         c["ratio"] = c["step"] / local["step"] if local else float("nan")
     return result
+
+
+def batch_transport(trainer, step: int, repeats: int = 5) -> list[dict]:
+    """Pickled size and pickle / unpickle ms (``ray.cloudpickle``, protocol 5, median of
+    ``repeats``) of one step's `RolloutBatch` as a rollout worker returns it, of its schedule,
+    and of the schedule's passes pickled one by one (the per-record form)."""
+    import pickle
+
+    from ray import cloudpickle
+
+    tasks = trainer.prompts.next(trainer.recipe.rollout.prompts_per_step)
+    batch = trainer.engine.generate([t.prompt_ids for t in tasks],
+                                    trainer.training.sampling(step, 0, range(len(tasks))))
+    rows = []
+    for what, obj in (("rollout batch", batch), ("its schedule", batch.schedule),
+                      (f"its {len(batch.schedule.passes)} passes one by one", list(batch.schedule.passes))):
+        dumps, loads = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data = cloudpickle.dumps(obj, protocol=5)
+            t1 = time.perf_counter()
+            pickle.loads(data)
+            dumps.append(t1 - t0)
+            loads.append(time.perf_counter() - t1)
+        rows.append({"what": what, "mb": len(data) / 1e6, "dump_ms": 1000 * statistics.median(dumps),
+                     "load_ms": 1000 * statistics.median(loads)})
+    return rows
+
+
+def transport_table(rows: list[dict]) -> str:
+    lines = ["| object | pickled MB | pickle ms | unpickle ms |", "|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['what']} | {r['mb']:.3f} | {r['dump_ms']:.1f} | {r['load_ms']:.1f} |")
+    return "\n".join(lines)
 
 
 def step_table(res: dict) -> str:
@@ -365,6 +400,10 @@ def main(argv=None) -> int:
             "learner actor of a Ray run); a phase's time minus that work is what orchestration adds "
             "(object-store transfers, calls, scheduling; the local loop's is scoring and batching):", "",
             overhead_table(steps)]
+    if steps["transport"]:
+        body += ["", "What a rollout worker returns per step (one step's rollout batch, pickled with ray.cloudpickle, protocol 5; "
+                 "the schedule travels as a few flat tensors, its passes rebuilt on load):", "",
+                 transport_table(steps["transport"])]
     if sync:
         body += ["", "Weight sync through the object store (source actor → rollout workers, zero-copy tensors):", "",
                  sync_table(sync)]
