@@ -1,6 +1,6 @@
 """Ray orchestration: RL step time against the local loop at the same work, and weight-sync cost.
 
-    python bench/ray_step.py                     # 8 steps of recipes/quickstart.yaml per configuration (~3 min)
+    python bench/ray_step.py                     # 8 steps of recipes/quickstart.yaml per configuration (~4 min)
     python bench/ray_step.py --write             # ... and update bench/RESULTS.md's section
 
 Step time. The same recipe (``recipes/quickstart.yaml``, the cached quickstart model; no

@@ -47,7 +47,7 @@ class PassRecord:
 class Schedule:
     """The replayable record of a rollout: schedule kind and every pass in order.
 
-    Pickled (a Ray worker returning its batch, a checkpoint), the passes travel as a few flat
+    Pickled (a Ray rollout worker returning its batch), the passes travel as a few flat
     tensors — every pass's ``work`` rows concatenated with per-pass row counts, likewise the
     exits, and the forks with the index of their pass — and are rebuilt on load: a step's ~200
     passes of two or three small tensors each cost far more to pickle one by one than their

@@ -10,25 +10,11 @@ import torch
 
 from rltt.rollout import NativeEngine, PassRecord, SamplingParams, Schedule, replay_logprobs
 
-from .helpers import prompts, tiny_model
+from .helpers import assert_same_passes, prompts, tiny_model
 
 
 def roundtrip(obj):
     return pickle.loads(pickle.dumps(obj, protocol=5))
-
-
-def assert_same_passes(got: Schedule, want: Schedule) -> None:
-    assert got.kind == want.kind
-    assert len(got.passes) == len(want.passes)
-    for i, (g, w) in enumerate(zip(got.passes, want.passes)):
-        for name in ("work", "exits", "fork"):
-            a, b = getattr(g, name), getattr(w, name)
-            if b is None:
-                assert a is None, (i, name)
-                continue
-            assert isinstance(a, torch.Tensor), (i, name)
-            assert a.dtype == b.dtype and a.shape == b.shape, (i, name, a.dtype, b.dtype, a.shape, b.shape)
-            assert torch.equal(a, b), (i, name)
 
 
 def rollout(schedule: str = "deferred", n: int = 4):
