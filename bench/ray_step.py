@@ -1,6 +1,6 @@
 """Ray orchestration: RL step time against the local loop at the same work, and weight-sync cost.
 
-    python bench/ray_step.py                     # 8 steps of recipes/quickstart.yaml per configuration (~3 min)
+    python bench/ray_step.py                     # 8 steps of recipes/quickstart.yaml per configuration (~4 min)
     python bench/ray_step.py --write             # ... and update bench/RESULTS.md's section
 
 Step time. The same recipe (``recipes/quickstart.yaml``, the cached quickstart model; no
@@ -13,7 +13,11 @@ take their steps interleaved — step 1 of each, then step 2 of each, the order 
 step — so load from other jobs on a shared machine hits every configuration alike. A step's
 time is the wall time of ``train_step`` (rollouts, rewards, advantages, the update, the weight
 sync; the driver's view, so it includes every object-store transfer), the figure the median
-over steps 2..N. "Same rewards" checks that a configuration sampled exactly the local loop's
+over steps 2..N. Generating and updating are also timed where they ran (`Inside`: the local
+process; a Ray run's rollout workers and learner ranks report their own seconds), so a phase's
+time minus its work is what orchestration adds (transfers, calls, scheduling), reported apart
+from the work the actors do (which a shared machine's load moves by ±10 % step to step).
+"Same rewards" checks that a configuration sampled exactly the local loop's
 rollouts (per-step mean reward equal; rollouts are keyed by prompt index, so they must be,
 except with overlap, which trains on rollouts one version old).
 
@@ -76,35 +80,85 @@ def make_trainer(name: str, args, out: Path):
     return cls(recipe, recipe_root=ROOT)
 
 
+class Inside:
+    """Seconds a trainer's engine spent generating and its learner updating, counted where the
+    work ran: the local loop's own calls; a Ray run's rollout workers (`RayRolloutPool.worker_s`,
+    the slowest shard of each call) and learner ranks (the slowest rank of each update). A
+    phase's time minus these is what orchestration adds (transfers, calls, scheduling)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.update_s, self.local_generate_s = trainer, 0.0, 0.0
+        learner = trainer.learner
+        if hasattr(trainer.engine, "worker_s"):  # Ray: the actors report their own seconds
+            finish = learner.finish_update
+
+            def finish_update(refs):
+                metrics, seconds = finish(refs)
+                self.update_s += seconds
+                return metrics, seconds
+
+            learner.finish_update = finish_update
+        else:
+            engine, update = trainer.engine, learner.update
+
+            def generate(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return type(engine).generate(engine, *a, **k)
+                finally:
+                    self.local_generate_s += time.perf_counter() - t0
+
+            def timed_update(batch):
+                t0 = time.perf_counter()
+                try:
+                    return update(batch)
+                finally:
+                    self.update_s += time.perf_counter() - t0
+
+            engine.generate, learner.update = generate, timed_update
+
+    @property
+    def generate_s(self) -> float:
+        return getattr(self.trainer.engine, "worker_s", self.local_generate_s)
+
+
 def step_times(args, out: Path) -> dict:
     from rltt.telemetry import schema as m
 
     names = [n for n in CONFIGS if n in args.configs]
-    trainers = {}
+    trainers, inside = {}, {}
     try:
         for name in names:
             t0 = time.perf_counter()
             trainers[name] = make_trainer(name, args, out)
+            inside[name] = Inside(trainers[name])
             print(f"[ray_step] built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
         rows: dict[str, list[dict]] = {n: [] for n in names}
         load_before = load()
         for step in range(1, args.steps + 1):
             order = names[step % len(names):] + names[:step % len(names)]
             for name in order:
-                tr = trainers[name]
+                tr, work = trainers[name], inside[name]
+                before = work.generate_s, work.update_s
                 t0 = time.perf_counter()
                 metrics = tr.train_step(step)
                 wall = time.perf_counter() - t0
                 tr.step = step
                 tr.logger.log(step, metrics)
-                rows[name].append({"wall": wall, **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}})
+                row = {"wall": wall, "generate": work.generate_s - before[0], "update": work.update_s - before[1],
+                       **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+                if not tr.recipe.orchestration.overlap:  # with overlap the update phase also samples ahead
+                    row["rollout_extra"] = row[m.TIME_ROLLOUT] - row["generate"]
+                    row["learner_extra"] = row[m.TIME_LEARNER] - row["update"]
+                rows[name].append(row)
             print(f"[ray_step] step {step}: " + ", ".join(f"{n} {rows[n][-1]['wall']:.2f} s" for n in names)
                   + f" (load {load()})", flush=True)
         load_after = load()
-        model_bytes = 0
+        model_bytes, transport = 0, None
         if "local" in trainers:
             _, tensors = trainers["local"].learner.rollout_state_dict()
             model_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            transport = batch_transport(trainers["local"], args.steps + 1)
     finally:
         for tr in trainers.values():
             if tr.logger is not None:
@@ -119,13 +173,15 @@ def step_times(args, out: Path) -> dict:
 
     base = rows.get("local")
     result = {"steps": args.steps, "load_before": load_before, "load_after": load_after, "model_bytes": model_bytes,
-              "configs": {}}
+              "transport": transport, "configs": {}}
     for name in names:
         same = None
         if base is not None:
             same = all(a[m.REWARD_MEAN] == b[m.REWARD_MEAN] for a, b in zip(rows[name], base))
         result["configs"][name] = {
             "step": med(name, "wall"), "rollout": med(name, m.TIME_ROLLOUT), "learner": med(name, m.TIME_LEARNER),
+            "generate": med(name, "generate"), "update": med(name, "update"),
+            "rollout_extra": med(name, "rollout_extra"), "learner_extra": med(name, "learner_extra"),
             "sync": med(name, m.TIME_WEIGHT_SYNC), "saved": med(name, m.ORCH_OVERLAP_SAVED_S),
             "staleness": med(name, m.ORCH_STALENESS), "same": same,
             "rewards": [r[m.REWARD_MEAN] for r in rows[name]], "walls": [r["wall"] for r in rows[name]]}
@@ -135,16 +191,64 @@ def step_times(args, out: Path) -> dict:
     return result
 
 
+def batch_transport(trainer, step: int, repeats: int = 5) -> list[dict]:
+    """Pickled size and pickle / unpickle ms (``ray.cloudpickle``, protocol 5, median of
+    ``repeats``) of one step's `RolloutBatch` as a rollout worker returns it, of its schedule,
+    and of the schedule's passes pickled one by one (the per-record form)."""
+    import pickle
+
+    from ray import cloudpickle
+
+    tasks = trainer.prompts.next(trainer.recipe.rollout.prompts_per_step)
+    batch = trainer.engine.generate([t.prompt_ids for t in tasks],
+                                    trainer.training.sampling(step, 0, range(len(tasks))))
+    rows = []
+    for what, obj in (("rollout batch", batch), ("its schedule", batch.schedule),
+                      (f"its {len(batch.schedule.passes)} passes one by one", list(batch.schedule.passes))):
+        dumps, loads = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data = cloudpickle.dumps(obj, protocol=5)
+            t1 = time.perf_counter()
+            pickle.loads(data)
+            dumps.append(t1 - t0)
+            loads.append(time.perf_counter() - t1)
+        rows.append({"what": what, "mb": len(data) / 1e6, "dump_ms": 1000 * statistics.median(dumps),
+                     "load_ms": 1000 * statistics.median(loads)})
+    return rows
+
+
+def transport_table(rows: list[dict]) -> str:
+    lines = ["| object | pickled MB | pickle ms | unpickle ms |", "|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['what']} | {r['mb']:.3f} | {r['dump_ms']:.1f} | {r['load_ms']:.1f} |")
+    return "\n".join(lines)
+
+
 def step_table(res: dict) -> str:
-    lines = ["| configuration | step s (median) | × local | rollout s | learner s | weight sync ms | "
-             "overlap saved s | staleness | same rewards as local |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    lines = ["| configuration | step s (median) | × local | rollout s | of it generating s | learner s | "
+             "of it updating s | weight sync ms | overlap saved s | staleness | same rewards as local |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+
+    def num(value, fmt="{:.3f}"):
+        return "—" if value != value else fmt.format(value)
+
     for name, c in res["configs"].items():
-        saved = "—" if c["saved"] != c["saved"] else f"{c['saved']:.2f}"
-        stale = "—" if c["staleness"] != c["staleness"] else f"{c['staleness']:g}"
         same = "—" if name == "local" or c["same"] is None else ("yes" if c["same"] else "no")
-        lines.append(f"| {LABELS[name]} | {c['step']:.3f} | **{c['ratio']:.2f}×** | {c['rollout']:.3f} | {c['learner']:.3f} | "
-                     f"{1000 * c['sync']:.1f} | {saved} | {stale} | {same} |")
+        lines.append(f"| {LABELS[name]} | {c['step']:.3f} | **{c['ratio']:.2f}×** | {c['rollout']:.3f} | "
+                     f"{num(c['generate'])} | {c['learner']:.3f} | {num(c['update'])} | {1000 * c['sync']:.1f} | "
+                     f"{num(c['saved'], '{:.2f}')} | {num(c['staleness'], '{:g}')} | {same} |")
+    return "\n".join(lines)
+
+
+def overhead_table(res: dict) -> str:
+    """What orchestration adds to a step beyond the work (medians of per-step differences)."""
+    lines = ["| configuration | rollout phase − generating ms | update phase − updating ms | weight sync ms |",
+             "|---|---:|---:|---:|"]
+    for name, c in res["configs"].items():
+        if c["rollout_extra"] == c["rollout_extra"]:
+            lines.append(f"| {LABELS[name]} | {1000 * c['rollout_extra']:.1f} | {1000 * c['learner_extra']:.1f} | "
+                         f"{1000 * c['sync']:.1f} |")
     return "\n".join(lines)
 
 
@@ -291,7 +395,15 @@ def main(argv=None) -> int:
             f"Step time, {steps['steps']} steps of recipes/quickstart.yaml per configuration (interleaved; median "
             f"over steps 2..{steps['steps']}; load average 1/5/15 min {steps['load_before']} before, "
             f"{steps['load_after']} after; the model's rollout weights: {steps['model_bytes'] / 1e6:.2f} MB):", "",
-            step_table(steps)]
+            step_table(steps), "",
+            "Generating and updating are timed where they ran (the local process; the rollout worker and the "
+            "learner actor of a Ray run); a phase's time minus that work is what orchestration adds "
+            "(object-store transfers, calls, scheduling; the local loop's is scoring and batching):", "",
+            overhead_table(steps)]
+    if steps["transport"]:
+        body += ["", "What a rollout worker returns per step (one step's rollout batch, pickled with ray.cloudpickle, protocol 5; "
+                 "the schedule travels as a few flat tensors, its passes rebuilt on load):", "",
+                 transport_table(steps["transport"])]
     if sync:
         body += ["", "Weight sync through the object store (source actor → rollout workers, zero-copy tensors):", "",
                  sync_table(sync)]

@@ -45,10 +45,69 @@ class PassRecord:
 
 @dataclass
 class Schedule:
-    """The replayable record of a rollout: schedule kind and every pass in order."""
+    """The replayable record of a rollout: schedule kind and every pass in order.
+
+    Pickled (a Ray rollout worker returning its batch), the passes travel as a few flat
+    tensors — every pass's ``work`` rows concatenated with per-pass row counts, likewise the
+    exits, and the forks with the index of their pass — and are rebuilt on load: a step's ~200
+    passes of two or three small tensors each cost far more to pickle one by one than their
+    data. The rebuilt passes equal the originals (dtypes, values, ``fork`` None or a tensor).
+    """
 
     kind: str
     passes: list[PassRecord] = field(default_factory=list)
+
+    def __getstate__(self) -> dict:
+        passes = self.passes
+        forked = [i for i, p in enumerate(passes) if p.fork is not None]
+        flat = {"kind": self.kind, "passes": len(passes), "fork_pass": torch.tensor(forked, dtype=torch.long)}
+        for name, records in (("work", [p.work for p in passes]), ("exits", [p.exits for p in passes]),
+                              ("fork", [passes[i].fork for i in forked])):
+            if not _packable(records):  # odd shapes or mixed dtypes: pickled pass by pass
+                return {"kind": self.kind, "passes": list(passes)}
+            flat[name] = _narrow(torch.cat(records)) if records else None
+            flat[f"{name}_dtype"] = records[0].dtype if records else None
+            flat[f"{name}_counts"] = torch.tensor([len(t) for t in records], dtype=torch.long)
+        return flat
+
+    def __setstate__(self, state: dict) -> None:
+        self.kind = state["kind"]
+        if isinstance(state["passes"], list):
+            self.passes = state["passes"]
+            return
+
+        def pieces(name: str) -> list[torch.Tensor]:
+            if state[name] is None:
+                return []
+            return list(torch.split(state[name].to(state[f"{name}_dtype"]), state[f"{name}_counts"].tolist()))
+
+        forks = dict(zip(state["fork_pass"].tolist(), pieces("fork")))
+        self.passes = [PassRecord(work=w, exits=e, fork=forks.get(i))
+                       for i, (w, e) in enumerate(zip(pieces("work"), pieces("exits")))]
+        if len(self.passes) != state["passes"]:
+            raise ValueError(f"Schedule: {len(self.passes)} passes rebuilt, {state['passes']} pickled")
+
+
+def _packable(tensors: list[torch.Tensor]) -> bool:
+    """Whether ``tensors`` concatenate along dim 0 and split back into equal tensors."""
+    if not tensors:
+        return True
+    first = tensors[0]
+    return all(t.dim() == first.dim() >= 1 and t.dtype == first.dtype and t.shape[1:] == first.shape[1:]
+               and t.device == first.device and not t.requires_grad for t in tensors)
+
+
+def _narrow(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the narrowest integer dtype that holds its values (row indices, positions and
+    steps are small): the transport form only, converted back exactly on load."""
+    if t.dtype not in (torch.int64, torch.int32) or not t.numel():
+        return t
+    lo, hi = int(t.min()), int(t.max())
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return t.to(dtype)
+    return t
 
 
 @dataclass

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from rltt.model import LoopConfig, LoopedForCausalLM
-from rltt.rollout import RolloutBatch
+from rltt.rollout import RolloutBatch, Schedule
 
 VOCAB = 61
 
@@ -60,3 +60,18 @@ def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: f
     steps = batch.exit_steps.to(device).clamp_min(1)
     exit_lp = per_loop.gather(0, (steps - 1)[None])[0].masked_fill(~cmask, 0.0)
     return DenseLogprobs(per_loop, exit_probs, exit_lp)
+
+
+def assert_same_passes(got: Schedule, want: Schedule) -> None:
+    """Pass for pass the same record: dtypes, shapes and values, ``fork`` None where it was."""
+    assert got.kind == want.kind
+    assert len(got.passes) == len(want.passes)
+    for i, (g, w) in enumerate(zip(got.passes, want.passes)):
+        for name in ("work", "exits", "fork"):
+            a, b = getattr(g, name), getattr(w, name)
+            if b is None:
+                assert a is None, (i, name)
+                continue
+            assert isinstance(a, torch.Tensor), (i, name)
+            assert a.dtype == b.dtype and a.shape == b.shape, (i, name, a.dtype, b.dtype, a.shape, b.shape)
+            assert torch.equal(a, b), (i, name)

@@ -102,6 +102,7 @@ class PendingRollout:
 
     def result(self) -> RolloutBatch:
         batches = self.pool._collect(self.prompts, self.parts)
+        self.pool.worker_s += max(b.stats.wall_time for b in batches)
         return shards.merge(batches, self.params, time.perf_counter() - self.t0)
 
 
@@ -115,6 +116,7 @@ class RayRolloutPool(RolloutEngine):
         self.weights_version = 0
         self.reloads = 0  # shards whose worker served another version and reloaded first
         self.reissued = 0  # shards issued again after their worker died or hung
+        self.worker_s = 0.0  # seconds the workers spent generating (the slowest shard of each call), summed
         self._box: list | None = None
         count = workers or cfg.rollout_workers
         actor = ray.remote(RolloutWorker).options(

@@ -20,6 +20,7 @@ from rltt.orchestration.ray.shards import merge, split
 from rltt.orchestration.recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
 
+from ...rollout.helpers import assert_same_passes
 from ..helpers import tiny_checkpoint
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
@@ -89,9 +90,15 @@ def test_split_is_contiguous_and_balanced():
 
 def test_two_workers_give_the_rows_of_one_engine(setup):
     pool, engine, prompts, params, _ = setup
+    before = pool.worker_s
     batch = pool.generate(prompts, params)
+    assert 0 < pool.worker_s - before < batch.stats.wall_time  # the workers' own generate seconds
     # bitwise the engine's rows for the same shards (the workers' thread count)
-    assert_rows_equal(batch, one_thread(lambda: shardwise(engine, prompts, params)))
+    want = one_thread(lambda: shardwise(engine, prompts, params))
+    assert_rows_equal(batch, want)
+    # the replay record came back through the object store in its flat form: the same passes
+    assert len(batch.schedule.passes) > 0
+    assert_same_passes(batch.schedule, want.schedule)
     # one call with all prompts samples the same tokens, exits and finishes: a row's draws are
     # keyed by its prompt seed and sample index, not by its batch-mates
     whole = engine.generate(prompts, params)
