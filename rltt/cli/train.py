@@ -27,11 +27,14 @@ def run(args: argparse.Namespace) -> int:
     from rltt.orchestration.recipe import load_train_recipe
 
     recipe = load_train_recipe(args.recipe, args.overrides)
-    trainer_cls = LocalTrainer
+    root = Path(args.recipe).resolve().parent
     if recipe.orchestration.backend == "ray":  # the same loop, its engine and learner on Ray actors
-        from rltt.orchestration.ray.trainer import RayTrainer as trainer_cls
-    trainer = trainer_cls(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
-    result = trainer.run()
+        from rltt.orchestration.ray.trainer import train_with_restarts
+
+        result, trainer = train_with_restarts(recipe, resume=args.resume, recipe_root=root)
+    else:
+        trainer = LocalTrainer(recipe, resume=args.resume, recipe_root=root)
+        result = trainer.run()
     trainer.ranks.close()
     if not trainer.ranks.main:  # rank 0 reports for a data-parallel run
         return 0

@@ -112,10 +112,12 @@ class ActorRecord:
 
 
 class ClusterLog:
-    """``RUN_DIR/cluster.json``: one record per actor, rewritten (atomically) whenever one changes."""
+    """``RUN_DIR/cluster.json``: one record per actor, rewritten (atomically) whenever one changes;
+    ``learner_group_restarts``: how often the run rebuilt its learner group (and so its actors)."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, learner_group_restarts: int = 0):
         self.path = path
+        self.learner_group_restarts = learner_group_restarts
         self.records: dict[tuple[str, int], ActorRecord] = {}
         self._lock = threading.Lock()
 
@@ -141,7 +143,8 @@ class ClusterLog:
         if self.path is None:
             return
         with self._lock:
-            doc: dict[str, Any] = {"updated": time.time(), "actors": [asdict(r) for r in self.records.values()]}
+            doc: dict[str, Any] = {"updated": time.time(), "learner_group_restarts": self.learner_group_restarts,
+                                   "actors": [asdict(r) for r in self.records.values()]}
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(doc, indent=1))

@@ -27,6 +27,9 @@ class RaySection:
       restart); past it the run stops with a one-line error instead of hanging.
     - ``max_restarts``: how often Ray restarts a dead actor; a dead rollout worker's shard is
       re-issued once it is back (calls are never retried silently).
+    - ``learner_restarts``: how often the run rebuilds its learner group after a learner died,
+      resuming from the newest checkpoint (exactly: the steps after it are redone as they were);
+      past it, or with 0, the run stops with a one-line error naming that checkpoint.
     - ``sync``: how weights reach the rollout workers each step (``object_store``).
     """
 
@@ -37,6 +40,7 @@ class RaySection:
     num_gpus: NonNegativeFloat = 0.0
     timeout_s: PositiveFloat = 300.0
     max_restarts: NonNegativeInt = 3
+    learner_restarts: NonNegativeInt = 2
     object_store_mb: Annotated[int, Range(ge=64)] = 256
     sync: Sync = "object_store"
 

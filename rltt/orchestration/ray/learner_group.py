@@ -6,8 +6,10 @@ CPU, NCCL on GPU) — no torchrun environment. Each rank trains the rltt learner
 contiguous share of the batch; the learner reduces the metrics over the group, so rank 0's are
 the global batch's. `rollout_state_dict` gathers on every rank (ZeRO-3) and returns rank 0's
 tensors as a reference into the object store (the driver never copies them). `save` / `load`
-are collective. A learner that dies stops the step with a one-line error naming the checkpoint
-to resume from (a group cannot continue without one of its ranks).
+are collective. A learner that dies stops the step with `LearnerGroupDied`, a one-line error
+naming the checkpoint to resume from (a group cannot continue without one of its ranks); the
+Ray trainer catches it and rebuilds the group from that checkpoint
+(``orchestration.ray.learner_restarts``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ from rltt.orchestration.ray.config import RaySection
 from rltt.orchestration.ray.rollout_pool import RemoteTensors
 
 ROLE = "learner"
+
+
+class LearnerGroupDied(RlttError):
+    """A learner actor died: the group cannot go on. ``checkpoint`` is the newest complete
+    checkpoint (None before the first), the one a restart resumes from."""
+
+    def __init__(self, message: str, checkpoint: Path | None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 class LearnerWorker:
@@ -139,8 +150,8 @@ class RayLearnerGroup:
         except DEAD_ACTOR_ERRORS as exc:
             for i, w in enumerate(self.workers):
                 self.log.state(ROLE, i, "dead" if not self._alive(w) else "alive")
-            raise RlttError(f"orchestration.ray: a learner died while {what} ({type(exc).__name__})"
-                            f"{self._resume_hint()}") from None
+            raise LearnerGroupDied(f"orchestration.ray: a learner died while {what} ({type(exc).__name__})"
+                                   f"{self._resume_hint()}", self.last_checkpoint) from None
 
     def _all(self, refs: list, what: str) -> list:
         """Every rank's result, in rank order; the first rank to fail (a dead rank leaves the others

@@ -122,13 +122,15 @@ class RayTrainer(LocalTrainer):
     ``orchestration.overlap`` its `OverlappedStep`). Only how the parts are built, saved and
     released differs from `LocalTrainer`."""
 
-    def __init__(self, recipe, resume: bool = False, recipe_root: Path | None = None):
+    def __init__(self, recipe, resume: bool = False, recipe_root: Path | None = None,
+                 learner_group_restarts: int = 0):
         try:
             import ray  # noqa: F401
         except ImportError:
             raise RlttError("orchestration.backend: 'ray' needs ray (pip install 'rltt[ray]')") from None
         check_recipe(recipe)
         self._started_ray = False
+        self._group_restarts = learner_group_restarts
         super().__init__(recipe, resume, recipe_root)
 
     def _ranks(self) -> Ranks:
@@ -148,7 +150,7 @@ class RayTrainer(LocalTrainer):
             raise RlttError(f"model.path: no tokenizer in {self.model_path} ({type(exc).__name__})") from None
         cfg = r.orchestration.ray
         self._started_ray = connect(cfg)
-        self.cluster = ClusterLog(self.run_dir / CLUSTER_FILE)
+        self.cluster = ClusterLog(self.run_dir / CLUSTER_FILE, self._group_restarts)
         self.learner = RayLearnerGroup(LearnerFromDir(r, str(self.model_path)), cfg, self.cluster)
         self.engine = RayRolloutPool(EngineFromDir(r, str(self.model_path)), cfg, self.cluster)
         return tokenizer, self.engine, self.learner
@@ -193,3 +195,30 @@ class RayTrainer(LocalTrainer):
         self.engine = self.learner = None
         disconnect(self._started_ray)
         self._started_ray = False
+
+
+def train_with_restarts(recipe, resume: bool = False, recipe_root: Path | None = None):
+    """Run a Ray training to its end, rebuilding the learner group after a learner died.
+
+    A learner's death (`LearnerGroupDied`) ends the trainer; up to
+    ``orchestration.ray.learner_restarts`` times a new one resumes the run from its newest
+    checkpoint — the same resume as ``--resume``, so the steps after that checkpoint are redone
+    exactly as they were and ``metrics.jsonl`` ends as the uninterrupted run's. Returns
+    ``(result, trainer)`` of the trainer that finished."""
+    import sys
+
+    from rltt.orchestration.ray.learner_group import LearnerGroupDied
+
+    restarts, limit = 0, recipe.orchestration.ray.learner_restarts
+    while True:
+        trainer = RayTrainer(recipe, resume=resume, recipe_root=recipe_root, learner_group_restarts=restarts)
+        try:
+            return trainer.run(), trainer
+        except LearnerGroupDied as died:
+            if restarts >= limit:
+                raise
+            restarts += 1
+            start = died.checkpoint if died.checkpoint is not None else "the start of the run"
+            print(f"WARNING: {died}; rebuilding the learner group from {start} "
+                  f"(orchestration.ray.learner_restarts: {restarts} of {limit})", file=sys.stderr)
+            resume = (trainer.run_dir / "metrics.jsonl").exists()  # nothing logged yet: start afresh

@@ -85,6 +85,63 @@ def test_ray_run_with_a_worker_killed_mid_generate_equals_the_local_loop(ray_clu
     assert len(restarted) == 1 and restarted[0]["pid"] != killed[0]
 
 
+def test_ray_run_with_the_learner_killed_mid_update_restarts_and_equals_the_local_loop(
+        ray_cluster, local_run, tmp_path, monkeypatch, capsys):
+    """kill -9 of the learner actor during step 5's update: the group is rebuilt from the step-3
+    checkpoint, steps 4-6 are redone, and metrics.jsonl equals the uninterrupted local loop's."""
+    from rltt.orchestration.ray.learner_group import RayLearnerGroup
+
+    path = write_recipe(tmp_path)
+    run_dir = tmp_path / "run"
+    updates, killed = [], []
+    submit = RayLearnerGroup.submit_update
+
+    def submit_then_kill(self, batch):
+        pending = submit(self, batch)
+        updates.append(self.version)
+        if len(updates) == 5 and not killed:  # step 5's update, in flight
+            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
+            pid = next(a["pid"] for a in actors if a["role"] == "learner")
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return pending
+
+    monkeypatch.setattr(RayLearnerGroup, "submit_update", submit_then_kill)
+    assert main(["train", str(path), *STEPS, *RAY]) == 0
+    assert len(killed) == 1
+    assert updates == [0, 1, 2, 3, 4, 3, 4, 5]  # steps 4-6 redone from the step-3 checkpoint's version
+    assert "rebuilding the learner group from" in capsys.readouterr().err
+    assert_same_metrics(read_metrics(run_dir), local_run)
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    assert cluster["learner_group_restarts"] == 1
+    learner = next(a for a in cluster["actors"] if a["role"] == "learner")
+    assert learner["pid"] != killed[0]
+
+
+def test_learner_restarts_zero_stops_with_the_checkpoint_to_resume_from(ray_cluster, tmp_path, monkeypatch, capsys):
+    from rltt.orchestration.ray.learner_group import RayLearnerGroup
+    from rltt.stages.checkpoint import checkpoint_dir
+
+    path = write_recipe(tmp_path)
+    run_dir = tmp_path / "run"
+    submit = RayLearnerGroup.submit_update
+    calls = []
+
+    def submit_then_kill(self, batch):
+        pending = submit(self, batch)
+        calls.append(1)
+        if len(calls) == 4:
+            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
+            os.kill(next(a["pid"] for a in actors if a["role"] == "learner"), signal.SIGKILL)
+        return pending
+
+    monkeypatch.setattr(RayLearnerGroup, "submit_update", submit_then_kill)
+    assert main(["train", str(path), *STEPS, *RAY, "orchestration.ray.learner_restarts=0"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rltt train: error:")]
+    assert len(err) == 1 and "a learner died" in err[0], err  # step 4's update: one line
+    assert f"resume from {checkpoint_dir(run_dir, 3)} with --resume" in err[0]
+
+
 DEEPSPEED = ["learner.backend=deepspeed", "learner.zero_stage=2"]
 
 
