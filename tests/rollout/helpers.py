@@ -75,3 +75,21 @@ def assert_same_passes(got: Schedule, want: Schedule) -> None:
             assert isinstance(a, torch.Tensor), (i, name)
             assert a.dtype == b.dtype and a.shape == b.shape, (i, name, a.dtype, b.dtype, a.shape, b.shape)
             assert torch.equal(a, b), (i, name)
+
+
+def assert_forced_at_budget(batch: RolloutBatch, budget: int, interruption: list[int], answer: int) -> None:
+    """Every row was forced at the thinking budget: the interruption follows ``budget`` sampled
+    tokens, ``answer`` sampled tokens follow it, and forced tokens carry no log-prob or exit."""
+    k = len(interruption)
+    expected = torch.zeros(batch.completion_ids.shape, dtype=torch.bool)
+    expected[:, budget: budget + k] = True
+    assert torch.equal(batch.forced_mask, expected)  # on exactly the interruption tokens, in every row
+    for r in range(batch.num_rows):
+        completion = batch.completion(r)
+        assert completion[budget: budget + k] == interruption
+        assert len(completion) == budget + k + answer  # answer_budget sampled tokens after it
+        assert batch.finish_reasons[r] == "length"
+    forced, sampled = batch.forced_mask, batch.action_mask
+    assert (batch.logprobs[forced] == 0).all() and (batch.tempered_logprobs[forced] == 0).all()
+    assert (batch.exit_steps[forced] == 0).all()
+    assert (batch.logprobs[sampled] < 0).all() and (batch.exit_steps[sampled] >= 1).all()

@@ -14,7 +14,7 @@ from rltt.learner.scoring import score_tokens
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
 from rltt.rollout.params import ThinkingBudget
 
-from .helpers import dense_logprobs, prompts, tiny_model
+from .helpers import assert_forced_at_budget, dense_logprobs, prompts, tiny_model
 
 CLOSE = [59, 60]  # a two-token close marker: no row samples it within a 4-token budget
 INTERRUPTION = [5, 6, 7, *CLOSE]
@@ -34,19 +34,7 @@ def params(schedule="deferred", policy="sample", n=2, seed=5, **kw):
 def test_every_row_forced_holds_the_interruption_then_its_answer(schedule):
     model = tiny_model()
     batch = NativeEngine(model).generate(prompts([3, 7, 1]), params(schedule))
-    k = len(INTERRUPTION)
-    expected = torch.zeros(batch.completion_ids.shape, dtype=torch.bool)
-    expected[:, BUDGET: BUDGET + k] = True
-    assert torch.equal(batch.forced_mask, expected)  # on exactly the interruption tokens, in every row
-    for r in range(batch.num_rows):
-        completion = batch.completion(r)
-        assert completion[BUDGET: BUDGET + k] == INTERRUPTION
-        assert len(completion) == BUDGET + k + ANSWER  # answer_budget sampled tokens after it
-        assert batch.finish_reasons[r] == "length"
-    forced, sampled = batch.forced_mask, batch.action_mask
-    assert (batch.logprobs[forced] == 0).all() and (batch.tempered_logprobs[forced] == 0).all()
-    assert (batch.exit_steps[forced] == 0).all()
-    assert (batch.logprobs[sampled] < 0).all() and (batch.exit_steps[sampled] >= 1).all()
+    assert_forced_at_budget(batch, BUDGET, INTERRUPTION, ANSWER)
 
 
 def test_forcing_changes_nothing_before_the_budget_and_spares_closed_rows():
