@@ -41,7 +41,8 @@ class SlotGroup:
     slots: torch.Tensor  # (m,) flat cache slots of the entries
     step_view: int | None  # every row of the cache at this one step: read the slot as a view, no gather
     key_len: int  # keys 0..key_len-1 are read
-    mask: torch.Tensor  # (m, 1, n_rep·width, key_len) bool, True = attend
+    mask: torch.Tensor  # (m, 1, n_rep·width, key_len) additive, 0 = attend, −inf = not (what SDPA makes of a
+    # bool mask on every call, made once per plan)
     width: int  # queries per entry (1 in plain decode)
     slot_row: torch.Tensor | None  # (n,) entry index within the group, when width > 1
     slot_col: torch.Tensor | None  # (n,) query slot within the entry, when width > 1
@@ -51,7 +52,7 @@ class SlotGroup:
 
 
 def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list[int], num_cache_rows: int,
-                n_rep: int, device: torch.device) -> list[SlotGroup]:
+                n_rep: int, device: torch.device, dtype: torch.dtype = torch.float32) -> list[SlotGroup]:
     """Group a pass's (row, start..end, step) entries for attention: one group of the single-token
     entries (plain decode) and one of the multi-token entries (prefill, pending positions), whatever
     their steps — so a depth-mixed pass costs as many attention calls as a uniform one, and
@@ -101,7 +102,8 @@ def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list
             full[pad_rows] = mask
             mask = full
         slots = torch.tensor([(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)], device=device)
-        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len, mask=mask[:, None],
+        additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len, mask=additive[:, None],
                                 width=width, slot_row=slot_row, slot_col=slot_col, pad_rows=pad_rows))
     return groups
 

@@ -39,6 +39,8 @@ class _PassPlan:
     sin: torch.Tensor
     groups: list[SlotGroup]
     write_rows: torch.Tensor  # where the items' keys/values go (`GroupedAttend.write_rows_of`)
+    carry_rows: torch.Tensor  # the items' rows of ``carry`` viewed as (R·max_len, d)
+    gate_cells: torch.Tensor  # the items' cells of ``gates`` viewed flat (T·R·max_len,)
 
     def restep(self, step: int, cache: StepKVCache) -> None:
         """The same ranges at another (uniform) step: move the cache slots the groups read and write."""
@@ -50,6 +52,7 @@ class _PassPlan:
                        for g in self.groups]
         self.item_steps = torch.full_like(self.item_steps, step)
         self.write_rows = self.write_rows + shift * heads * max_len
+        self.gate_cells = self.gate_cells + shift * max_len
         self.step = step
 
 
@@ -84,16 +87,17 @@ class PassExecutor:
         """Execute one pass. Returns ``(h (N, d), gates (N,) fp32, last (n,))`` where items are
         ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
         plan = self._plan_for(rows, starts, ends, steps)
-        item_rows, item_pos, item_steps, embeds = plan.item_rows, plan.item_pos, plan.item_steps, plan.embeds
-        step = steps[0] if plan.uniform else item_steps  # an int keeps LoRA on its batched path
+        embeds = plan.embeds
+        step = steps[0] if plan.uniform else plan.item_steps  # an int keeps LoRA on its batched path
+        carry_flat = self.carry.view(-1, self.carry.shape[-1])
         # step 1 reads no carry (z_1 = e): skip the gather
-        carry = embeds if plan.uniform and steps[0] == 1 else self.carry[item_rows, item_pos]
+        carry = embeds if plan.uniform and steps[0] == 1 else carry_flat.index_select(0, plan.carry_rows)
         attend = GroupedAttend(self.cache, plan.groups, plan.write_rows, self.scale)
         # the items are the batch axis, one position each: (N, 1, d)
         h, carry = self.inner.step(embeds[:, None], carry[:, None], step, plan.cos, plan.sin, attend)
         gates = self.inner.gate(h)[:, 0]
-        self.carry[item_rows, item_pos] = carry[:, 0]
-        self.gates[item_steps - 1, item_rows, item_pos] = gates
+        carry_flat.index_copy_(0, plan.carry_rows, carry[:, 0])
+        self.gates.view(-1).index_copy_(0, plan.gate_cells, gates)
         return h[:, 0], gates, plan.last
 
     def _plan_for(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]) -> "_PassPlan":
@@ -122,8 +126,10 @@ class PassExecutor:
             key=key, uniform=uniform, step=steps[0], last=last, item_rows=item_rows, item_pos=item_pos,
             item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
             cos=self.cos[item_pos], sin=self.sin[item_pos],
-            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device),
-            write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps))
+            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device, self.dtype),
+            write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps),
+            carry_rows=item_rows * self.max_len + item_pos,
+            gate_cells=((item_steps - 1) * self.num_rows + item_rows) * self.max_len + item_pos)
         self._plan = plan if uniform else None
         return plan
 

@@ -108,6 +108,8 @@ class NativeEngine(RolloutEngine):
         schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
         entries = sum(p.entries() for p in schedule.passes)
         known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
+        max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
+        token_cells = executor.tokens.view(-1)  # (R·max_len,): one index per sampled token
         while sched.any_active():
             rows, starts, ends, steps = sched.plan()
             h, _, last = executor.run(rows, starts, ends, steps)
@@ -125,14 +127,15 @@ class NativeEngine(RolloutEngine):
                 chosen = [i for i, yes in zip(cand, decide) if yes]
             exit_rows = [rows[i] for i in chosen]
             if chosen:
-                logits = executor.logits(h[last[torch.tensor(chosen)]])
+                exits_at = last if len(chosen) == len(rows) else last[torch.tensor(chosen)]
+                logits = executor.logits(h if len(exits_at) == len(h) else h[exits_at])
                 uniforms = None if params.greedy else \
                     random.uniform(exit_rows, [len(out.tokens[r]) for r in exit_rows], RowRandom.TOKEN)
                 tokens = sample_tokens(logits, params, uniforms)
                 raw, tempered = logprobs_of(logits, tokens, params.temperature)
                 positions = [ends[i] + 1 for i in chosen]
-                executor.tokens[torch.tensor(exit_rows, device=executor.device),
-                                torch.tensor(positions, device=executor.device)] = tokens.to(executor.device)
+                token_cells.index_copy_(0, torch.tensor([r * executor.max_len + p for r, p in zip(exit_rows, positions)],
+                                                        device=executor.device), tokens.to(executor.device))
                 # .tolist() of fp32 values gives exact Python floats: the sampler's bits
                 for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
                                                           raw.tolist(), tempered.tolist()):
@@ -140,7 +143,7 @@ class NativeEngine(RolloutEngine):
                     sched.exited(r)
                     reason = self._stop_reason(out.tokens[r], token, stops, params)
                     if reason is None and budget.should_force(r, out.tokens[r]):
-                        if position + len(thinking.interruption) < cfg.max_position_embeddings:
+                        if position + len(thinking.interruption) < max_positions:
                             forced = torch.tensor(thinking.interruption, device=executor.device)
                             executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
                             out.force(r, thinking.interruption)
@@ -150,7 +153,7 @@ class NativeEngine(RolloutEngine):
                         else:  # no room for the interruption and an answer
                             reason = "length"
                     if reason is None and (len(out.tokens[r]) >= budget.cap[r]
-                                           or position >= cfg.max_position_embeddings):
+                                           or position >= max_positions):
                         reason = "length"  # the next token would need a position the model does not have
                     if reason:
                         out.finish[r] = reason
