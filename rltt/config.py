@@ -40,7 +40,7 @@ from ``__post_init__``, so they obey the same declared constraints.
 
 Why this small dataclass loader and not pydantic: the recipes are plain dataclasses used all
 over the code (``dataclasses.replace``, ``fields``, direct construction in tests and
-benchmarks); the loader is ~400 lines with no dependency, its overrides are typed by the
+benchmarks); the loader is this one module with no dependency, its overrides are typed by the
 schema (``seed=7`` is an int, ``name=123`` stays a str) and its errors already name the
 dotted key. Pydantic v2 (``extra="forbid"``) would give the same checks but turn every
 section into a ``BaseModel``, need its ``ValidationError`` translated back into one-line
