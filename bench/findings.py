@@ -1,24 +1,26 @@
 """RL findings at small scale: solve-rate band, learning rate, dense twin, per-loop credit.
 
-Reproduces four published findings about RL on looped models with real ``rltt curate`` /
-``rltt train`` / ``rltt pretrain`` runs of the shipped recipes (``recipes/quickstart.yaml``,
-``recipes/pretrain-tiny.yaml``) on the quickstart model and the synthetic task:
+Tests four findings reported for RL on looped models (the "Reported" lines below: figures
+from other runs, not measured here; bench/RESULTS.md says which hold at this scale) with real
+``rltt curate`` / ``rltt train`` / ``rltt pretrain`` runs of the shipped recipes
+(``recipes/quickstart.yaml``, ``recipes/pretrain-tiny.yaml``) on the quickstart model and the
+synthetic task:
 
 1. **Solve-rate band**: the same RL budget on prompts curated into a low (~0.1), mixed
    (~0.3-0.5) and high (~0.8) solve-rate band. The pool mixes the synthetic difficulty presets;
    ``rltt curate --band`` splits it by each prompt's measured solve rate. Held-out gain and the
-   share of uniform groups (zero advantage) per band. Published: +12 points at s ~ 0.30, none at
+   share of uniform groups (zero advantage) per band. Reported: +12 points at s ~ 0.30, none at
    s ~ 0.77, where the groups are uniform.
 2. **Learning rate**: lr 1e-6 / 1e-5 / 1e-4 / 1e-3 at equal steps: KL to the reference, grad
-   norm, held-out gain, and what ``rltt review`` diagnoses for each run. Published: lr 1e-6
+   norm, held-out gain, and what ``rltt review`` diagnoses for each run. Reported: lr 1e-6
    left KL at ~2e-4 (the policy did not move), 1e-5 worked.
 3. **Dense twin**: ``recipes/pretrain-tiny.yaml`` at T = 4 and at T = 1 (the same block, so the
    same parameters, and the same data): held-out LM loss and solve rate, then equal RL steps on
-   each. Published: recurrence beats a parameter-matched dense model at equal data.
+   each. Reported: recurrence beats a parameter-matched dense model at equal data.
 4. **Per-loop credit**: ``algorithm.policy_logprob`` = exit / final / rltt (omega exit_pdf and
    progressive) at equal steps and seeds, with sampled exits (``rollout.exit_policy=sample``;
    under the quickstart's own ``final`` exits, exit and final are the same log-prob): held-out
-   gain and exit distribution after RL. Published: RLTT's credit beats final-loop GRPO.
+   gain and exit distribution after RL. Reported: RLTT's credit beats final-loop GRPO.
 
     python bench/findings.py [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit]
     rltt bench findings --smoke --out /tmp/findings

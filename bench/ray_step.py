@@ -16,7 +16,7 @@ sync; the driver's view, so it includes every object-store transfer), the figure
 over steps 2..N. Generating and updating are also timed where they ran (`Inside`: the local
 process; a Ray run's rollout workers and learner ranks report their own seconds), so a phase's
 time minus its work is what orchestration adds (transfers, calls, scheduling), reported apart
-from the work the actors do (which a shared machine's load moves by ±10 % step to step).
+from the work the actors do (which a shared machine's load moves by ±20 % step to step).
 "Same rewards" checks that a configuration sampled exactly the local loop's
 rollouts (per-step mean reward equal; rollouts are keyed by prompt index, so they must be,
 except with overlap, which trains on rollouts one version old).

@@ -1,7 +1,8 @@
 """Rollout engine throughput: dense vs deferred schedules, and native vs transformers' generate().
 
     python bench/rollout.py                      # full run (< 8 min on 2 CPU cores)
-    python bench/rollout.py --write              # … and update bench/RESULTS.md's section
+    python bench/rollout.py --write              # … and update bench/RESULTS.md's section (its text up to
+                                                 # the first ### subsection; the subsections are kept)
     python bench/rollout.py --group 8            # RL-shaped batches: G = 8 rows per prompt
     python bench/rollout.py --engine vllm --batch-sizes 1,8,32,256 --group 8 --clock wall
                                                  # vLLM vs native dense and deferred
@@ -9,8 +10,9 @@
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
 ``sample`` exit policy (E[t*] = Σ_{t<T} (1 − λ)^t). Decoding is greedy (tokens) with sampled
-exits; the engine draws each row's exits from the row's own generator, so dense and deferred
-make exactly the same exits (checked). Each configuration runs ``--repeats`` times,
+exits; the engine draws each token's exit from a counter-based uniform keyed by the row and the
+token's index (``rltt.rollout.sampler.RowRandom``), not by the order of the passes, so dense and
+deferred make exactly the same exits (checked). Each configuration runs ``--repeats`` times,
 interleaved, and the fastest run is reported.
 
 Timing: the development machine is shared (other jobs keep its 2 cores busy), which makes
@@ -36,28 +38,31 @@ from rltt.model.exits import gate_lambda
 from rltt.rollout import NativeEngine, SamplingParams
 
 SECTION = "## Rollout engine (bench/rollout.py)"
+VLLM_SECTION = "### vLLM engine (`bench/rollout.py --engine vllm`)"
 
 NOTES = """\
 Reading the figures (targets: deferred >= 1.5x dense at E[t*] ~ 2.5/4; native >= 2x generate() at batch 32;
-machine: 2 cores, idle, 1 thread, CPU time):
+the ratios are the bold columns of the tables):
 
 - Deferred cuts serial passes per token exactly as the exits predict (T -> E[t*]; column 6). At
   batch 1, where a pass costs about the same whatever it holds (weight reads + per-op
-  overhead), throughput follows: 1.40x at E[t*] = 2.19 (ideal 3.94/2.19 = 1.8x; the rest is the
-  pending work riding along). The 1.5x target is missed at batch >= 8.
+  overhead), throughput follows the pass count, short of the ideal (column 6's ratio) by the
+  pending work riding along. The 1.5x target is missed at batch >= 8.
 - At batch 8-64 pass time grows with the (token, step) entries it holds, and deferred computes
   almost the same entries as dense (column 7: a deeper later token needs the pending entries of
-  earlier ones; only the tail stays pending). On the d=512 model one core is compute-bound
-  (~90 GFLOP/s in the GEMMs): deferred 1.01-1.10x; on the tiny model (d=128, L=2) the small ops
-  of the multi-token entries cost more than the passes saved: 0.89-0.94x. The published gain
-  (ScaleRLT's 1.56x) needs passes whose cost does not grow with the pending entries riding
-  along: memory-bound decode on a GPU. Not measured: no GPU was lent to this task.
+  earlier ones; only the tail stays pending). On the d=512 model one core is compute-bound in
+  the GEMMs, so deferred gains less than at batch 1; on the tiny model (d=128, L=2) the small
+  ops of the multi-token entries cost more than the passes saved, and deferred is slower than
+  dense. The gain reported for GPUs (ScaleRLT's 1.56x) needs passes whose cost does not grow
+  with the pending entries riding along: memory-bound decode on a GPU. Not measured on a GPU
+  (none was available).
 - Native vs generate() with final exits run identical FLOPs per token. With one prompt per row
-  native is 0.95-0.97x. In RL-shaped batches (G = 8 rows per prompt, second and third tables)
-  native computes each prompt once and forks its KV state to the G rows: 1.22x at batch 32 on
-  d=512 (prompt 16 tokens, 32 new; the share grows with the prompt length), 0.84-1.08x on the
-  tiny model, where generate()'s one forward per token has less per-pass overhead than native's
-  T passes. The 2x target is missed on CPU.
+  native is slower than generate(), whose one forward per token has less per-pass overhead
+  than native's T passes. In RL-shaped batches (G = 8 rows per prompt, `--group 8`) native
+  computes each prompt once and forks its KV state to the G rows, and is faster than
+  generate() on d=512 (prompt 16 tokens, 32 new; the share grows with the prompt length);
+  on the tiny model the per-pass overhead weighs more and the fork gains less. The 2x target is
+  missed on CPU.
 - Since the first version of these tables: one attention call per pass for all single-token
   entries (not one per step group), a dense token's T passes reuse one pass plan, counter-based
   vectorised sampling, shared prompt prefill.
@@ -205,20 +210,36 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str, append: bool = False) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone;
-    ``append`` adds ``body`` at the end of the existing section instead."""
+def write_section(path: Path, body: str, append: bool = False, heading: str = SECTION, notes: str = "") -> None:
+    """Write this benchmark's part of RESULTS.md: the text under ``heading`` up to the next ``## ``
+    or ``### `` heading, so subsections (``### vLLM engine``, earlier runs) and the other sections
+    are kept. The part becomes ``body`` then ``notes``; ``append`` keeps the tables already there and
+    adds ``body`` after them (before the notes, which are rewritten only if the part had them). A
+    ``### `` heading that is not there yet goes at the end of this benchmark's ``## `` section."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^##+ |\Z)", re.S | re.M)
     found = pattern.search(text)
+    parts = [body.strip()]
     if append and found:
-        body = found.group(0)[len(SECTION):].strip() + "\n\n" + body.strip()
-    section = f"{SECTION}\n\n{body.strip()}\n"
+        old = found.group(0)[len(heading):].strip()
+        # the notes start with their first words ("Reading the figures"), however they were edited since
+        cut = re.search(rf"^{re.escape(notes.strip().split('(')[0].strip())}", old, re.M) if notes else None
+        if cut:
+            old = old[:cut.start()].strip()
+        parts = [old] + parts + ([notes.strip()] if cut else [])
+    elif notes:
+        parts.append(notes.strip())
+    section = heading + "\n\n" + "\n\n".join(p for p in parts if p) + "\n"
     if found:
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
+        text = text[:found.start()] + section + "\n" + text[found.end():]
+    elif heading.startswith("### "):
+        if not re.search(rf"^{re.escape(SECTION)}\n", text, re.M):
+            text = text.rstrip() + "\n\n" + SECTION + "\n"
+        parent = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M).search(text)
+        text = text[:parent.end()].rstrip() + "\n\n" + section + "\n" + text[parent.end():]
     else:
         text = text.rstrip() + "\n\n" + section
-    path.write_text(text)
+    path.write_text(text.rstrip() + "\n")
 
 
 def main(argv=None) -> None:
@@ -240,9 +261,11 @@ def main(argv=None) -> None:
     parser.add_argument("--engine", choices=("native", "vllm"), default="native",
                         help="vllm: VllmEngine against native dense and deferred (needs vLLM)")
     parser.add_argument("--kv-cache-gb", type=float, default=1, help="with --engine vllm: CPU KV cache space (GiB)")
-    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument("--write", action="store_true",
+                        help="update bench/RESULTS.md: this section's text up to its first ### subsection "
+                             "(with --engine vllm: the ### vLLM engine subsection); subsections are kept")
     parser.add_argument("--append", action="store_true",
-                        help="with --write: add this table to the section instead of replacing it")
+                        help="with --write: add this table after the ones there (before the notes) instead of replacing them")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     rows, md = run_vllm(args) if args.engine == "vllm" else run(args)
@@ -254,9 +277,9 @@ def main(argv=None) -> None:
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.write:
         body = f"Command: `{command.strip()}`\n\n{md}\n"
-        notes = "" if args.engine == "vllm" else NOTES
-        write_section(Path(__file__).with_name("RESULTS.md"), body if args.append or not notes else f"{body}\n{notes}",
-                      append=args.append)
+        vllm = args.engine == "vllm"
+        write_section(Path(__file__).with_name("RESULTS.md"), body, append=args.append,
+                      heading=VLLM_SECTION if vllm else SECTION, notes="" if vllm else NOTES)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """Pretraining stability at tiny scale: exit-gate collapse and gradient flow by norm placement.
 
-Reproduces two known failure modes of looped-model pretraining (docs/design.md §5, §6) with short CPU pretraining runs on the
-synthetic task:
+Measures two failure modes of looped-model pretraining (docs/design.md §5, §6) with short CPU
+pretraining runs on the synthetic task; what was and was not reproduced at this scale is in
+bench/RESULTS.md ("Pretraining stability"):
 
-1. **Gate collapse**: without LR warmup the exit gate collapses onto loop 1; with β = 0.05
-   it stays collapsed while β ≥ 0.10 recovers. Arms: no warmup × β ∈ {0.05, 0.10, 0.15}
-   and a warmup control. A higher LR than the quickstart's provokes the collapse quickly.
-2. **Norm placement**: post-norm and sandwich-norm show vanishing gradients in the early
-   layers of the shared block, pre-norm does not (per-layer grad norms).
+1. **Gate collapse**: the exit distribution over steps, and the collapse alarm, without LR
+   warmup at β ∈ {0.05, 0.10, 0.15} and with a warmup control at β = 0.05 (the failure mode
+   looked for: without warmup and with a small β the gate collapses onto loop 1). A higher LR
+   than the quickstart's provokes the collapse quickly.
+2. **Norm placement**: per-layer grad norms of the shared block under pre-, post- and
+   sandwich-norm (the failure mode: vanishing gradients in the early layers).
 
     python bench/stability.py [--out runs/bench-stability] [--steps-collapse 80] [--steps-norm 40]
 

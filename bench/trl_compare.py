@@ -2,8 +2,8 @@
 
     python bench/trl_compare.py                  # 12 steps (~2-4 min on 2 CPU cores)
     python bench/trl_compare.py --write          # ... and update bench/RESULTS.md's section
-    python bench/trl_compare.py --model auto --threads 1 --steps 20 --eval-size 256 --eval-samples 4 --write
-                                                 # the figures in bench/RESULTS.md (~4 min)
+    python bench/trl_compare.py --model auto --threads 1 --steps 60 --lr 1e-4 --eval-size 256 --eval-samples 4 --rltt-set algorithm.track_kl=false
+                                                 # the 60-step figures in bench/RESULTS.md (~5 min on 2 idle cores)
 
 ``--write`` replaces the whole section, notes included (``--write --append`` adds a table). On a shared machine use ``--threads 1``:
 with two OpenMP threads and other jobs on the cores, steps swing from 2 s to 50 s.

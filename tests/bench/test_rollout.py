@@ -1,0 +1,74 @@
+"""bench/rollout.py's RESULTS.md writer: `--write` replaces only this script's text and keeps the subsections."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "bench" / "rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(bench, lead: str) -> str:
+    return (f"# Benchmark results\n\n## Other (bench/other.py)\n\nkeep other\n\n{bench.SECTION}\n\n{lead}\n\n"
+            f"### Earlier run\n\nkeep earlier\n\n{bench.VLLM_SECTION}\n\nkeep vllm\n\n## Next (bench/next.py)\n\nkeep next\n")
+
+
+def test_write_replaces_the_lead_and_keeps_the_subsections(tmp_path):
+    bench = _load()
+    path = tmp_path / "RESULTS.md"
+    path.write_text(_results(bench, "old table\n\n" + bench.NOTES))
+    bench.write_section(path, "new table", notes=bench.NOTES)
+    text = path.read_text()
+    assert "old table" not in text and "new table" in text
+    for kept in ("keep other", "### Earlier run", "keep earlier", bench.VLLM_SECTION, "keep vllm", "keep next"):
+        assert text.count(kept) == 1, kept
+    assert text.count(bench.NOTES.strip()) == 1
+    assert text.index("new table") < text.index("Reading the figures") < text.index("### Earlier run")
+
+
+def test_append_goes_before_the_notes(tmp_path):
+    bench = _load()
+    path = tmp_path / "RESULTS.md"
+    path.write_text(_results(bench, "first table"))
+    bench.write_section(path, "first table", notes=bench.NOTES)
+    bench.write_section(path, "second table", append=True, notes=bench.NOTES)
+    text = path.read_text()
+    assert text.count(bench.NOTES.strip()) == 1
+    assert text.index("first table") < text.index("second table") < text.index("Reading the figures") \
+        < text.index("### Earlier run")
+
+
+def test_vllm_writes_its_subsection(tmp_path):
+    bench = _load()
+    path = tmp_path / "RESULTS.md"
+    path.write_text(_results(bench, "native table"))
+    bench.write_section(path, "vllm table", heading=bench.VLLM_SECTION)
+    text = path.read_text()
+    assert "native table" in text and "keep earlier" in text and "keep vllm" not in text
+    assert text.index(bench.VLLM_SECTION) < text.index("vllm table") < text.index("## Next")
+    # a subsection that is not there yet goes at the end of the rollout section
+    path.write_text(f"# Benchmark results\n\n{bench.SECTION}\n\nnative table\n\n## Next (bench/next.py)\n\nkeep next\n")
+    bench.write_section(path, "vllm table", heading=bench.VLLM_SECTION)
+    text = path.read_text()
+    assert text.index("native table") < text.index(bench.VLLM_SECTION) < text.index("vllm table") \
+        < text.index("## Next")
+
+
+def test_write_on_the_real_results_keeps_every_other_part(tmp_path):
+    bench = _load()
+    real = (ROOT / "bench" / "RESULTS.md").read_text()
+    path = tmp_path / "RESULTS.md"
+    path.write_text(real)
+    bench.write_section(path, "Command: `python bench/rollout.py`\n\nnew table", notes=bench.NOTES)
+    text = path.read_text()
+    start = real.index(bench.SECTION)
+    lead_end = re.compile(r"^##+ ", re.M).search(real, start + len(bench.SECTION)).start()
+    assert text == real[:start] + bench.SECTION + "\n\nCommand: `python bench/rollout.py`\n\nnew table\n\n" \
+        + bench.NOTES.strip() + "\n\n" + real[lead_end:]
+    assert bench.VLLM_SECTION in text
