@@ -1,21 +1,15 @@
 """bench/findings.py: its arm scheduler, and the smoke mode end to end (every arm runs, every file is written)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("findings", ROOT / "bench" / "findings.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("findings")
 
 
 def test_scheduler_runs_dependencies_first_and_skips_after_a_failure(tmp_path):

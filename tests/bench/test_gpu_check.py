@@ -4,14 +4,12 @@ and time-outs without stopping the other sections."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,16 +17,13 @@ import pytest
 from rltt.cli import bench as bench_cli
 from rltt.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import ROOT, load_bench
+
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gpu_check")
 
 
 def _kernel_figures():

@@ -1,17 +1,12 @@
 """bench/rollout.py's RESULTS.md writer: `--write` replaces only this script's text and keeps the subsections."""
 
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import ROOT, load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "bench" / "rollout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("rollout")
 
 
 def _results(bench, lead: str) -> str:

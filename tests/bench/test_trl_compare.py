@@ -1,19 +1,14 @@
 """Smoke test of bench/trl_compare.py at toy size (tiny random LoopLM, 2 steps of 2 prompts x G=2)."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("trl_compare", ROOT / "bench" / "trl_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("trl_compare")
 
 
 def test_write_section_touches_only_its_section(tmp_path):
