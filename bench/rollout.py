@@ -57,8 +57,8 @@ the ratios are the bold columns of the tables):
   with the pending entries riding along: memory-bound decode on a GPU. Not measured on a GPU
   (none was available).
 - Native vs generate() with final exits run identical FLOPs per token. With one prompt per row
-  native is slower than generate(), whose one forward per token has less per-pass overhead
-  than native's T passes. In RL-shaped batches (G = 8 rows per prompt, `--group 8`) native
+  native is slower than generate() at small batches and at best on par at batch 32:
+  generate()'s one forward per token has less per-pass overhead than native's T passes. In RL-shaped batches (G = 8 rows per prompt, `--group 8`) native
   computes each prompt once and forks its KV state to the G rows, and is faster than
   generate() on d=512 (prompt 16 tokens, 32 new; the share grows with the prompt length);
   on the tiny model the per-pass overhead weighs more and the fork gains less. The 2x target is
