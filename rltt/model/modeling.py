@@ -199,7 +199,7 @@ class LoopedModel(LoopedPreTrainedModel):
         (T, N, d) and gate_probs (T, N) of its N tokens."""
         e = self.embed_tokens(layout.input_ids)[None]  # (1, N, d)
         cos, sin = self.rotary_emb(layout.positions[None], e.dtype)
-        attend = PackedAttend(layout, self.config.head_dim**-0.5)
+        attend = PackedAttend(layout, self.config.head_dim**-0.5, e.dtype)
         step_hidden = torch.stack([h[0] for h in self.steps(e, cos, sin, lambda t: attend)])
         return step_hidden, self.gate(step_hidden)
 

@@ -162,18 +162,23 @@ def _suffix_part(base: torch.Tensor, length: torch.Tensor, own_prefix: torch.Ten
 
 
 class PackedAttend:
-    """``attend(q, k, v, layer)`` over a packed sequence: q (1, Hq, N, D), k/v (1, Hkv, N, D)."""
+    """``attend(q, k, v, layer)`` over a packed sequence: q (1, Hq, N, D), k/v (1, Hkv, N, D).
 
-    def __init__(self, layout: PackedLayout, scale: float):
+    The parts' bool masks become additive masks (0 / −inf in ``dtype``, what SDPA makes of a bool
+    mask) once per forward, not in each of the L·T attention calls."""
+
+    def __init__(self, layout: PackedLayout, scale: float, dtype: torch.dtype = torch.float32):
         self.layout, self.scale = layout, scale
+        self.masks = [torch.zeros(p.mask.shape, dtype=dtype, device=p.mask.device).masked_fill_(~p.mask, float("-inf"))
+                      for p in layout.parts]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
         qf, kf, vf = (x[0].transpose(0, 1) for x in (q, k, v))  # (N, H, D)
         outs = []
-        for part in self.layout.parts:
+        for part, mask in zip(self.layout.parts, self.masks):
             Q = qf[part.q_idx].transpose(1, 2)  # (R, Hq, Wq, D)
             K, V = kf[part.k_idx].transpose(1, 2), vf[part.k_idx].transpose(1, 2)
-            out = sdpa(Q, K, V, part.mask, False, self.scale)  # (R, Hq, Wq, D)
+            out = sdpa(Q, K, V, mask, False, self.scale)  # (R, Hq, Wq, D)
             outs.append(out.transpose(1, 2).flatten(0, 1))  # (R·Wq, Hq, D)
         out = torch.cat(outs)[self.layout.back_idx]  # (N, Hq, D)
         return out.transpose(0, 1)[None]
