@@ -174,11 +174,16 @@ class PackedAttend:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
         qf, kf, vf = (x[0].transpose(0, 1) for x in (q, k, v))  # (N, H, D)
+
+        def rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+            # x[index] as one index_select (its backward is one index_add_): (R, W, H, D) → (R, H, W, D)
+            return x.index_select(0, index.flatten()).view(*index.shape, *x.shape[1:]).transpose(1, 2)
+
         outs = []
         for part, mask in zip(self.layout.parts, self.masks):
-            Q = qf[part.q_idx].transpose(1, 2)  # (R, Hq, Wq, D)
-            K, V = kf[part.k_idx].transpose(1, 2), vf[part.k_idx].transpose(1, 2)
+            Q = rows(qf, part.q_idx)  # (R, Hq, Wq, D)
+            K, V = rows(kf, part.k_idx), rows(vf, part.k_idx)
             out = sdpa(Q, K, V, mask, False, self.scale)  # (R, Hq, Wq, D)
             outs.append(out.transpose(1, 2).flatten(0, 1))  # (R·Wq, Hq, D)
-        out = torch.cat(outs)[self.layout.back_idx]  # (N, Hq, D)
+        out = torch.cat(outs).index_select(0, self.layout.back_idx)  # (N, Hq, D)
         return out.transpose(0, 1)[None]
