@@ -114,3 +114,54 @@ def test_left_padded_batches_fall_back_to_the_padded_forward():
     out = model(input_ids=ids, attention_mask=attention, score_mask=score, pack=True)
     ref = model(input_ids=ids, attention_mask=attention, score_mask=score, pack=False)
     assert torch.equal(out.token_logprobs, ref.token_logprobs)
+
+
+def _reference_packed_attend(layout, scale):
+    """The packed attention written plainly (oracle): advanced-index gathers and the bool masks
+    handed to SDPA on every call."""
+    from rltt.model.layers import sdpa
+
+    def attend(q, k, v, layer_idx):
+        qf, kf, vf = (x[0].transpose(0, 1) for x in (q, k, v))
+        outs = []
+        for part in layout.parts:
+            Q = qf[part.q_idx].transpose(1, 2)
+            K, V = kf[part.k_idx].transpose(1, 2), vf[part.k_idx].transpose(1, 2)
+            outs.append(sdpa(Q, K, V, part.mask, False, scale).transpose(1, 2).flatten(0, 1))
+        return torch.cat(outs)[layout.back_idx].transpose(0, 1)[None]
+
+    return attend
+
+
+def _attend_and_grads(attend, base, weight, dtype):
+    q, k, v = (t.to(dtype).clone().requires_grad_() for t in base)
+    out = attend(q, k, v, 0)
+    (out.float() * weight).sum().backward()
+    return [out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_packed_attend_matches_the_plain_formulation(kv_heads):
+    """PackedAttend's once-per-forward additive masks and index_select gathers against bool masks
+    and advanced indexing (the oracle): the same bits in fp32, forward and backward. In bf16 the
+    forward and the query gradient are the same bits; the key/value gradients sum the repeats of
+    each shared prefix key, which index_add_ rounds once and index_put_(accumulate) at every add,
+    so they may differ in the last bits — never further from the fp32 gradient than the oracle's."""
+    from rltt.model.packing import PackedAttend
+
+    ids, attention, score = grouped_batch(3, [7, 5], group=3, max_completion=6)
+    layout = PackedLayout.build(ids, attention, score)
+    n, heads, head_dim = layout.num_tokens, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(1, h, n, head_dim, generator=gen).bfloat16() for h in (heads, kv_heads, kv_heads)]
+    weight = torch.randn(1, heads, n, head_dim, generator=gen)
+    oracle = _reference_packed_attend(layout, 0.3)
+    for got, want in zip(_attend_and_grads(PackedAttend(layout, 0.3, torch.float32), base, weight, torch.float32),
+                         _attend_and_grads(oracle, base, weight, torch.float32)):
+        assert torch.equal(got, want)
+    exact = _attend_and_grads(oracle, base, weight, torch.float32)  # the same bf16 values, fp32 arithmetic
+    new = _attend_and_grads(PackedAttend(layout, 0.3, torch.bfloat16), base, weight, torch.bfloat16)
+    old = _attend_and_grads(oracle, base, weight, torch.bfloat16)
+    assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])
+    for i in (2, 3):
+        assert float((new[i] - exact[i]).abs().max()) <= float((old[i] - exact[i]).abs().max())
