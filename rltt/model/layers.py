@@ -111,6 +111,12 @@ class StepLinear(nn.Linear):
         return out + delta.reshape(out.shape) * self.lora_scale
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool attention mask (True = attend) as the additive one SDPA makes of it on every call
+    (0 / −inf in ``dtype``): made once, it gives the same results without the per-call conversion."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
          is_causal: bool, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with grouped KV heads, dispatched like transformers' sdpa path."""

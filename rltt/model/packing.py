@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rltt.model.layers import sdpa
+from rltt.model.layers import additive_mask, sdpa
 
 
 @dataclass
@@ -169,8 +169,7 @@ class PackedAttend:
 
     def __init__(self, layout: PackedLayout, scale: float, dtype: torch.dtype = torch.float32):
         self.layout, self.scale = layout, scale
-        self.masks = [torch.zeros(p.mask.shape, dtype=dtype, device=p.mask.device).masked_fill_(~p.mask, float("-inf"))
-                      for p in layout.parts]
+        self.masks = [additive_mask(p.mask, dtype) for p in layout.parts]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
         qf, kf, vf = (x[0].transpose(0, 1) for x in (q, k, v))  # (N, H, D)

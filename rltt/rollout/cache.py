@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rltt.model.layers import additive_mask
+
 
 class StepKVCache:
     """Preallocated keys/values for ``num_rows`` sequences of up to ``max_len`` positions."""
@@ -102,8 +104,8 @@ def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list
             full[pad_rows] = mask
             mask = full
         slots = torch.tensor([(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)], device=device)
-        additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
-        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len, mask=additive[:, None],
+        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len,
+                                mask=additive_mask(mask[:, None], dtype),
                                 width=width, slot_row=slot_row, slot_col=slot_col, pad_rows=pad_rows))
     return groups
 

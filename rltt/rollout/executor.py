@@ -31,8 +31,6 @@ class _PassPlan:
     uniform: bool  # every range at the same step
     step: int
     last: torch.Tensor
-    item_rows: torch.Tensor
-    item_pos: torch.Tensor
     item_steps: torch.Tensor
     embeds: torch.Tensor
     cos: torch.Tensor
@@ -123,8 +121,7 @@ class PassExecutor:
             item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
                 + torch.tensor(starts, device=device)[owner]
         plan = _PassPlan(
-            key=key, uniform=uniform, step=steps[0], last=last, item_rows=item_rows, item_pos=item_pos,
-            item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
+            key=key, uniform=uniform, step=steps[0], last=last, item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
             cos=self.cos[item_pos], sin=self.sin[item_pos],
             groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device, self.dtype),
             write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps),

@@ -127,8 +127,8 @@ class NativeEngine(RolloutEngine):
                 chosen = [i for i, yes in zip(cand, decide) if yes]
             exit_rows = [rows[i] for i in chosen]
             if chosen:
-                exits_at = last if len(chosen) == len(rows) else last[torch.tensor(chosen)]
-                logits = executor.logits(h if len(exits_at) == len(h) else h[exits_at])
+                # every item exits (one position per row, all chosen): h is already the exit states
+                logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
                 uniforms = None if params.greedy else \
                     random.uniform(exit_rows, [len(out.tokens[r]) for r in exit_rows], RowRandom.TOKEN)
                 tokens = sample_tokens(logits, params, uniforms)

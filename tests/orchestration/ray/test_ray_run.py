@@ -53,6 +53,14 @@ def local_run(tmp_path_factory):
     return read_metrics(tmp / "run")
 
 
+def _kill_actor(run_dir, role: str, index: int = 0) -> int:
+    """kill -9 the actor ``(role, index)`` named in the run's cluster.json; returns its pid."""
+    actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
+    pid = next(a["pid"] for a in actors if a["role"] == role and a["index"] == index)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def test_ray_run_with_a_worker_killed_mid_generate_equals_the_local_loop(ray_cluster, local_run, tmp_path,
                                                                          monkeypatch):
     path = write_recipe(tmp_path)
@@ -64,11 +72,7 @@ def test_ray_run_with_a_worker_killed_mid_generate_equals_the_local_loop(ray_clu
         pending = submit(self, prompts, params)
         calls.append(len(pending.parts))
         if len(calls) == 4:  # step 3's rollout (after the step-0 evaluation and steps 1-2), in flight
-            worker = pending.parts[-1].worker
-            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
-            pid = next(a["pid"] for a in actors if a["role"] == "rollout" and a["index"] == worker)
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            killed.append(_kill_actor(run_dir, "rollout", pending.parts[-1].worker))
         return pending
 
     monkeypatch.setattr(RayRolloutPool, "submit", submit_then_kill)
@@ -100,10 +104,7 @@ def test_ray_run_with_the_learner_killed_mid_update_restarts_and_equals_the_loca
         pending = submit(self, batch)
         updates.append(self.version)
         if len(updates) == 5 and not killed:  # step 5's update, in flight
-            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
-            pid = next(a["pid"] for a in actors if a["role"] == "learner")
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            killed.append(_kill_actor(run_dir, "learner"))
         return pending
 
     monkeypatch.setattr(RayLearnerGroup, "submit_update", submit_then_kill)
@@ -131,8 +132,7 @@ def test_learner_restarts_zero_stops_with_the_checkpoint_to_resume_from(ray_clus
         pending = submit(self, batch)
         calls.append(1)
         if len(calls) == 4:
-            actors = json.loads((run_dir / "cluster.json").read_text())["actors"]
-            os.kill(next(a["pid"] for a in actors if a["role"] == "learner"), signal.SIGKILL)
+            _kill_actor(run_dir, "learner")
         return pending
 
     monkeypatch.setattr(RayLearnerGroup, "submit_update", submit_then_kill)
