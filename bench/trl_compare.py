@@ -5,8 +5,9 @@
     python bench/trl_compare.py --model auto --threads 1 --steps 60 --lr 1e-4 --eval-size 256 --eval-samples 4 --rltt-set algorithm.track_kl=false
                                                  # the 60-step figures in bench/RESULTS.md (~5 min on 2 idle cores)
 
-``--write`` replaces the whole section, notes included (``--write --append`` adds a table). On a shared machine use ``--threads 1``:
-with two OpenMP threads and other jobs on the cores, steps swing from 2 s to 50 s.
+``--write`` replaces the whole section, notes included (``--write --append`` adds a table). ``--threads``
+(default 1) is both trainers' torch thread count: with two OpenMP threads and other jobs on the
+cores, steps swing from 2 s to 50 s.
 
 Both trainers start from the same looped checkpoint (``--model``: ``auto`` = the cached
 quickstart model if it is built, else a tiny random LoopLM from
@@ -138,6 +139,7 @@ def rltt_overrides(args, model_path: Path, run_dir: Path) -> list[str]:
         f"learner.lr={args.lr}", f"learner.warmup_steps={args.lr_warmup}", f"learner.micro_batch_size={args.micro}",
         f"logging.run_dir={run_dir}", "logging.progress=false", "logging.review_at_end=false",
         "checkpoint.every=0", "checkpoint.save_final=false", f"seed={args.seed}",
+        f"train.threads={args.threads}",  # rltt's trainer sets the process's torch threads: TRL runs with the same
         *args.rltt_set,
     ]
 
@@ -432,7 +434,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-size", type=int, default=128)
     p.add_argument("--eval-samples", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads for both trainers (0: torch's default)")
     p.add_argument("--schedule", default="interleaved", choices=("interleaved", "rltt-first", "trl-first"))
     p.add_argument("--rltt-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rltt recipe override (repeatable), e.g. algorithm.track_kl=false")

@@ -36,3 +36,15 @@ def test_toy_run(tmp_path):
         assert 0.0 <= res[key] <= 1.0
     assert (tmp_path / "rltt" / "metrics.jsonl").is_file()
     assert "ratio rltt/TRL" in bench.format_table(res)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_reach_both_trainers(tmp_path, threads):
+    """``--threads`` is rltt's ``train.threads`` too: rltt's trainer sets the process's torch threads,
+    which TRL then runs with (a recipe value would otherwise win silently)."""
+    from rltt.orchestration.recipe import load_train_recipe
+
+    bench = _load()
+    args = bench.parse_args(["--threads", str(threads)])
+    recipe = load_train_recipe(bench.RECIPE, bench.rltt_overrides(args, tmp_path / "model", tmp_path / "run"))
+    assert recipe.train.threads == threads
