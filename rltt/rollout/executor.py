@@ -121,7 +121,8 @@ class PassExecutor:
             item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
                 + torch.tensor(starts, device=device)[owner]
         plan = _PassPlan(
-            key=key, uniform=uniform, step=steps[0], last=last, item_steps=item_steps, embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
+            key=key, uniform=uniform, step=steps[0], last=last, item_steps=item_steps,
+            embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
             cos=self.cos[item_pos], sin=self.sin[item_pos],
             groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device, self.dtype),
             write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps),
@@ -129,6 +130,11 @@ class PassExecutor:
             gate_cells=((item_steps - 1) * self.num_rows + item_rows) * self.max_len + item_pos)
         self._plan = plan if uniform else None
         return plan
+
+    def write_tokens(self, rows: list[int], positions: list[int], tokens: torch.Tensor) -> None:
+        """``tokens[rows[i], positions[i]] = tokens[i]`` as one ``index_copy_`` into the flat view."""
+        cells = torch.tensor([r * self.max_len + p for r, p in zip(rows, positions)], device=self.device)
+        self.tokens.view(-1).index_copy_(0, cells, tokens.to(self.device))
 
     @torch.no_grad()
     def fork(self, pairs: list[list[int]]) -> None:

@@ -109,7 +109,6 @@ class NativeEngine(RolloutEngine):
         entries = sum(p.entries() for p in schedule.passes)
         known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
         max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
-        token_cells = executor.tokens.view(-1)  # (R·max_len,): one index per sampled token
         while sched.any_active():
             rows, starts, ends, steps = sched.plan()
             h, _, last = executor.run(rows, starts, ends, steps)
@@ -134,8 +133,7 @@ class NativeEngine(RolloutEngine):
                 tokens = sample_tokens(logits, params, uniforms)
                 raw, tempered = logprobs_of(logits, tokens, params.temperature)
                 positions = [ends[i] + 1 for i in chosen]
-                token_cells.index_copy_(0, torch.tensor([r * executor.max_len + p for r, p in zip(exit_rows, positions)],
-                                                        device=executor.device), tokens.to(executor.device))
+                executor.write_tokens(exit_rows, positions, tokens)
                 # .tolist() of fp32 values gives exact Python floats: the sampler's bits
                 for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
                                                           raw.tolist(), tempered.tolist()):
