@@ -32,7 +32,7 @@ under ``OUT/logs``. The full mode (40 RL steps per arm; two seeds for the per-lo
 one for the others) took 33 minutes on 2 CPU cores shared with other jobs (load 4-8); ``--smoke``
 (one seed, a few steps per arm, tiny evaluations and pretraining) checks that every arm runs in a
 few minutes. ``--resume`` continues an interrupted run; ``--report-only`` rebuilds the outputs. The full mode reuses the cached quickstart model (built by
-``rltt.stages.quickstart`` from ``recipes/pretrain-tiny.yaml``) as the T = 4 pretraining arm;
+``rltt.lm_training.quickstart_model`` from ``recipes/pretrain-tiny.yaml``) as the T = 4 pretraining arm;
 ``--retrain-t4`` runs that pretraining again.
 """
 
@@ -269,12 +269,12 @@ def lr_arms(out: Path, scale: Scale) -> dict[str, Arm]:
 
 def reuse_quickstart_model(info: dict) -> Callable[[], None]:
     """The T = 4 pretraining arm from the cache: ``recipes/pretrain-tiny.yaml`` as
-    `rltt.stages.quickstart` runs it (built now when the cache holds no model of this recipe)."""
+    `rltt.lm_training.quickstart_model` runs it (built now when the cache holds no model of this recipe)."""
 
     def fn() -> None:
         import torch
 
-        from rltt.stages.quickstart import ensure_quickstart_model, quickstart_info
+        from rltt.lm_training.quickstart_model import ensure_quickstart_model, quickstart_info
 
         torch.set_num_threads(1)
         model = ensure_quickstart_model(progress=False)
@@ -290,7 +290,7 @@ def dense_arms(out: Path, scale: Scale, retrain_t4: bool, t4_info: dict) -> dict
         run = out / "runs" / name
         if loops == T and scale.reuse_t4 and not retrain_t4:
             arms[name] = Arm(name, fn=reuse_quickstart_model(t4_info), cost=0.5,
-                             describe=f"T = {T}: the cached quickstart model, rltt.stages.quickstart."
+                             describe=f"T = {T}: the cached quickstart model, rltt.lm_training.quickstart_model."
                                       f"ensure_quickstart_model() = `rltt pretrain {PRETRAIN_RECIPE}` "
                                       "(built now if not cached)")
         else:
@@ -749,7 +749,7 @@ def md_dense(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
     if arms[f"dense-pretrain-T{T}"].argv is None:
         info = res[f"T{T}"]["pretrain"].get("reused_cache", {})
         note = (f"The T = {T} arm is the cached quickstart model (`{info.get('model')}`): `{PRETRAIN_RECIPE}` as "
-                "`rltt.stages.quickstart` runs it, the same recipe and data as the T = 1 arm (deterministic on one "
+                "`rltt.lm_training.quickstart_model` runs it, the same recipe and data as the T = 1 arm (deterministic on one "
                 "thread; `--retrain-t4` runs it again).")
     diff = ""
     if "start_difference" in res:

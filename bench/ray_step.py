@@ -66,7 +66,7 @@ def load() -> str:
 
 # -- step time -------------------------------------------------------------------------------------
 def make_trainer(name: str, args, out: Path):
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     overrides = [f"model.path={args.model}", f"train.steps={args.steps}", "train.eval_every=0",
                  "checkpoint.every=0", "checkpoint.save_final=false", "logging.review_at_end=false",
@@ -74,9 +74,9 @@ def make_trainer(name: str, args, out: Path):
                  f"logging.run_dir={out / name}", *CONFIGS[name], *args.set]
     recipe = load_train_recipe(RECIPE, overrides)
     if recipe.orchestration.backend == "ray":
-        from rltt.orchestration.ray.trainer import RayTrainer as cls
+        from rltt.orchestration.ray.parts import RayTrainer as cls
     else:
-        from rltt.orchestration.local import LocalTrainer as cls
+        from rltt.orchestration.trainer import LocalTrainer as cls
     return cls(recipe, recipe_root=ROOT)
 
 
@@ -296,7 +296,7 @@ def sync_times(args) -> list[dict]:
     import ray
 
     from rltt.orchestration.ray.cluster import actor_env
-    from rltt.orchestration.ray.config import RaySection
+    from rltt.orchestration.ray.orchestration_section import RaySection
     from rltt.orchestration.ray.rollout_pool import RayRolloutPool, RemoteTensors
 
     cfg = RaySection()
@@ -376,7 +376,7 @@ def main(argv=None) -> int:
     import ray
 
     from rltt.orchestration.ray.cluster import connect, disconnect
-    from rltt.orchestration.ray.config import RaySection
+    from rltt.orchestration.ray.orchestration_section import RaySection
 
     args = parse_args(argv)
     torch.set_num_threads(1)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rltt.stages.pretrain import pretrain  # noqa: E402
-from rltt.stages.recipe import load_stage_recipe  # noqa: E402
+from rltt.lm_training.pretraining import pretrain  # noqa: E402
+from rltt.lm_training.stage_recipe import load_stage_recipe  # noqa: E402
 from rltt.telemetry import read_metrics  # noqa: E402
 
 T = 4

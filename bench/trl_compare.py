@@ -68,12 +68,12 @@ REWARD = "rewards/gsm8k.py:strict"
 def resolve_model(spec: str, workdir: Path) -> tuple[Path, str]:
     """(checkpoint directory, description) for ``--model``."""
     if spec == "quickstart":
-        from rltt.stages.quickstart import ensure_quickstart_model
+        from rltt.lm_training.quickstart_model import ensure_quickstart_model
 
         path = ensure_quickstart_model(progress=False)
         return Path(path), f"quickstart model ({path})"
     if spec == "auto":
-        from rltt.stages.quickstart import quickstart_info
+        from rltt.lm_training.quickstart_model import quickstart_info
 
         info = quickstart_info()  # a built one only: auto never starts the ~5 min build
         if info and (Path(info.get("model", "")) / "config.json").is_file():
@@ -145,8 +145,8 @@ def rltt_overrides(args, model_path: Path, run_dir: Path) -> list[str]:
 
 
 def make_rltt(args, model_path: Path, run_dir: Path):
-    from rltt.orchestration.local import LocalTrainer
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.trainer import LocalTrainer
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     recipe = load_train_recipe(RECIPE, rltt_overrides(args, model_path, run_dir))
     return LocalTrainer(recipe, recipe_root=ROOT)
@@ -155,7 +155,7 @@ def make_rltt(args, model_path: Path, run_dir: Path):
 def step_tasks(rl, steps: int) -> list:
     """The tasks rltt's prompt stream hands out over ``steps`` steps, in order (the stream is
     deterministic: a fresh one with the recipe's settings, not the trainer's own)."""
-    from rltt.orchestration.prompts import PromptStream
+    from rltt.orchestration.prompt_stream import PromptStream
 
     r = rl.recipe
     encode = lambda text: rl.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731

@@ -4,7 +4,7 @@ The same thing has the same key everywhere: the run folder is ``logging.run_dir`
 is the top-level ``seed``, checkpoints are written every ``checkpoint.every`` steps, the model
 is placed by ``model.dtype`` / ``model.device``, the loop runs ``train.steps`` steps on
 ``train.threads`` CPU threads, and prompts are built from ``data.prompt_template``. Each family
-extends these classes with its own fields (`rltt.orchestration.recipe`, `rltt.stages.recipe`).
+extends these classes with its own fields (`rltt.orchestration.train_recipe`, `rltt.lm_training.stage_recipe`).
 """
 
 from __future__ import annotations

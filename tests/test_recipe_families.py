@@ -8,8 +8,8 @@ import pytest
 
 from rltt.cli.main import main
 from rltt.errors import ConfigError, RlttError
-from rltt.orchestration.recipe import load_train_recipe
-from rltt.stages.recipe import load_stage_recipe
+from rltt.orchestration.train_recipe import load_train_recipe
+from rltt.lm_training.stage_recipe import load_stage_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -118,7 +118,7 @@ def test_cli_of_every_family_prints_the_key(command, tmp_path, capsys):
 
 
 def test_directly_built_sections_obey_the_same_constraints():
-    from rltt.learner.config import AlgorithmConfig, LearnerConfig
+    from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 
     with pytest.raises(ConfigError, match=r"'algorithm\.omega'"):
         AlgorithmConfig(omega="bogus")

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rltt.errors import RlttError
-from rltt.orchestration.recipe import TrainRecipe, load_train_recipe
-from rltt.stages.recipe import PretrainRecipe, load_stage_recipe
+from rltt.orchestration.train_recipe import TrainRecipe, load_train_recipe
+from rltt.lm_training.stage_recipe import PretrainRecipe, load_stage_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

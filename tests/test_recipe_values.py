@@ -8,8 +8,8 @@ import pytest
 
 from rltt.cli.main import main
 from rltt.errors import ConfigError, RlttError
-from rltt.orchestration.recipe import load_train_recipe
-from rltt.stages.recipe import load_stage_recipe
+from rltt.orchestration.train_recipe import load_train_recipe
+from rltt.lm_training.stage_recipe import load_stage_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 QUICKSTART = RECIPES / "quickstart.yaml"

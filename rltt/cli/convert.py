@@ -7,7 +7,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``convert`` sub-command."""
-    from rltt.stages.cli_common import add_stage_arguments
+    from rltt.cli.stage_args import add_stage_arguments
 
     parser = subparsers.add_parser(
         "convert", help="convert a dense HF checkpoint into a LoopLM and train it (e.g. recipes/convert-tiny.yaml)",
@@ -18,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rltt.stages.cli_common import report
-    from rltt.stages.convert import convert, load_convert_recipe
+    from rltt.cli.stage_args import report
+    from rltt.lm_training.conversion import convert, load_convert_recipe
 
     recipe = load_convert_recipe(args.recipe, args.overrides)
     report(convert(recipe, resume=args.resume, recipe_file=args.recipe))

@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rltt.curation.histogram import Band
     from rltt.curation.recipes import curate_recipe
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     from rltt.curation.curate import CurationPaths
 

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rltt.curation.recipes import evaluate_recipe
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     recipe = load_train_recipe(args.recipe, args.overrides)
     report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit, source=args.source,

@@ -7,7 +7,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``pretrain`` sub-command."""
-    from rltt.stages.cli_common import add_stage_arguments
+    from rltt.cli.stage_args import add_stage_arguments
 
     parser = subparsers.add_parser(
         "pretrain", help="pretrain a looped LM from scratch (e.g. recipes/pretrain-tiny.yaml)",
@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rltt.stages.cli_common import report
-    from rltt.stages.pretrain import load_pretrain_recipe, pretrain
+    from rltt.cli.stage_args import report
+    from rltt.lm_training.pretraining import load_pretrain_recipe, pretrain
 
     recipe = load_pretrain_recipe(args.recipe, args.overrides)
     report(pretrain(recipe, resume=args.resume, recipe_file=args.recipe))

@@ -23,13 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rltt.orchestration.local import LocalTrainer
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.trainer import LocalTrainer
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     recipe = load_train_recipe(args.recipe, args.overrides)
     root = Path(args.recipe).resolve().parent
     if recipe.orchestration.backend == "ray":  # the same loop, its engine and learner on Ray actors
-        from rltt.orchestration.ray.trainer import train_with_restarts
+        from rltt.orchestration.ray.parts import train_with_restarts
 
         result, trainer = train_with_restarts(recipe, resume=args.resume, recipe_root=root)
     else:

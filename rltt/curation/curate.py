@@ -34,9 +34,9 @@ from rltt.data.gsm8k import DEFAULT_TEMPLATE
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.orchestration.groups import score_rollout
-from rltt.orchestration.prompts import make_task
+from rltt.orchestration.prompt_stream import make_task
 from rltt.rollout import RolloutEngine, SamplingParams
-from rltt.stages.paths import check_output_file
+from rltt.runtime.paths import check_output_file
 
 #: The fields of one output record.
 RECORD_FIELDS = ("id", "question", "answer", "prompt", "solve_rate", "rewards", "solved", "mean_exit_step",

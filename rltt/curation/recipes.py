@@ -1,5 +1,5 @@
 """`rltt curate` and `rltt eval` on a train recipe: its policy, engine (``rollout.engine``: native or
-vllm, through `rltt.rollout.factory.make_engine`), sampling settings and rewards (each with its
+vllm, through `rltt.orchestration.engines.make_engine`), sampling settings and rewards (each with its
 ``rewards.N.timeout_s``)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
 from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
-from rltt.orchestration.prompts import eval_tasks, load_records
-from rltt.orchestration.recipe import TrainRecipe
+from rltt.orchestration.prompt_stream import eval_tasks, load_records
+from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.errors import RlttError
 from rltt.rollout import RolloutEngine, SamplingParams
-from rltt.rollout.factory import make_engine
+from rltt.orchestration.engines import make_engine
 
 EVAL_SEED_OFFSET = 7  # the train loop's held-out evaluation uses recipe.seed + 7: same draws here
 

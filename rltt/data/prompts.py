@@ -7,7 +7,7 @@
   the template's options (``data.chat_template_kwargs``, e.g. ``{enable_thinking: true}``), for
   instruct and thinking models.
 
-`prompt_renderer` gives what the task builders (`rltt.orchestration.prompts.make_task`) take:
+`prompt_renderer` gives what the task builders (`rltt.orchestration.prompt_stream.make_task`) take:
 the plain template string itself, or a `ChatPrompt` callable — so training, evaluation and
 curation render prompts the same way. The rendered text is tokenized without added special
 tokens (a chat template writes its own BOS, if any).

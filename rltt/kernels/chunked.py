@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from rltt.kernels.rows import backward_live_rows
+from rltt.kernels.active_rows import backward_live_rows
 
 
 def _chunks(vocab: int, chunk_size: int):

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from rltt.kernels.rows import backward_live_rows
+from rltt.kernels.active_rows import backward_live_rows
 
 
 def _fwd_kernel(H, W, Y, M_OUT, S_OUT, U_OUT, ZY_OUT,

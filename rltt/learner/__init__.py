@@ -2,8 +2,8 @@
 
 from rltt.learner.api import LearnerAPI
 from rltt.learner.backends import DeepSpeedBackend, TorchBackend, make_backend
-from rltt.learner.batch import LearnerBatch
-from rltt.learner.config import AlgorithmConfig, LearnerConfig
+from rltt.learner.learner_batch import LearnerBatch
+from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.learner import LEARNER_STATE, SKIP_REASON, Learner, PolicyModule
 from rltt.learner.scoring import LoopScores, score_tokens, unwrap
 

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rltt.learner.batch import LearnerBatch
+from rltt.learner.learner_batch import LearnerBatch
 
 
 @runtime_checkable

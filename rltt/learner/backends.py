@@ -6,7 +6,7 @@ sum to the batch loss), then ``step(losses)``, which clips, updates, advances th
 and returns the gradient norms before clipping and the reason the update was skipped (None
 when it was applied).
 
-The non-finite guard (`rltt.stages.guard`): a non-finite loss (``losses``: this rank's
+The non-finite guard (`rltt.runtime.guard`): a non-finite loss (``losses``: this rank's
 micro-batch losses) or gradient skips the update — the weights and the optimizer state stay
 bitwise as they were, the gradients are dropped and the LR schedule does not advance.
 Under DeepSpeed every rank reaches the same decision: the loss verdict is all-reduced, and a
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from rltt.errors import RlttError
-from rltt.learner.config import LearnerConfig
-from rltt.stages import guard
+from rltt.learner.settings import LearnerConfig
+from rltt.runtime import guard
 from rltt.telemetry import grad_norms
 
 
@@ -87,7 +87,7 @@ class TorchBackend(_Backend):
         torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
-        from rltt.stages.checkpoint import load_state_file
+        from rltt.runtime.checkpoint import load_state_file
 
         state = load_state_file(path / "optimizer.pt")  # weights_only: a crafted pickle cannot run code
         self.optimizer.load_state_dict(state["optimizer"])

@@ -31,12 +31,12 @@ import torch
 
 from rltt.errors import ConfigError
 from rltt.learner.backends import make_backend
-from rltt.learner.batch import LearnerBatch
-from rltt.learner.config import AlgorithmConfig, LearnerConfig
+from rltt.learner.learner_batch import LearnerBatch
+from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
 from rltt.learner.scoring import score_tokens, unwrap
 from rltt.objectives import kl_estimate, policy_logprob
-from rltt.orchestration.distributed import reduce_ranks, world_size
+from rltt.runtime.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
 from rltt.telemetry import schema as m
 
@@ -316,7 +316,7 @@ class Learner:
             for f in sorted(directory.glob("*.safetensors")):
                 weights.update(load_file(str(f)))
             self.policy.load_state_dict(weights, strict=False)
-        from rltt.stages.checkpoint import load_state_file
+        from rltt.runtime.checkpoint import load_state_file
 
         state = load_state_file(directory / LEARNER_STATE) if (directory / LEARNER_STATE).exists() else {}
         if self.learned_logits is not None and LOOP_WEIGHTS in state:

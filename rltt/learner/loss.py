@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rltt.learner.batch import LearnerBatch
-from rltt.learner.config import AlgorithmConfig
+from rltt.learner.learner_batch import LearnerBatch
+from rltt.learner.settings import AlgorithmConfig
 from rltt.learner.scoring import LoopScores
 from rltt.objectives import hybrid_logprob, kl_estimate, policy_logprob, policy_loss
 from rltt.objectives.rl import aggregate

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rltt.learner.batch import LearnerBatch
+from rltt.learner.learner_batch import LearnerBatch
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from rltt.model.cache import LoopCache
-from rltt.model.config import LoopConfig
+from rltt.model.loop_cache import LoopCache
+from rltt.model.configuration import LoopConfig
 from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.model.modeling import LoopedForCausalLM, LoopedModel, LoopOutput
 

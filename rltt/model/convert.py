@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rltt.errors import RlttError
-from rltt.model.config import LoopConfig
+from rltt.model.configuration import LoopConfig
 from rltt.model.modeling import LoopedForCausalLM
 
 SUPPORTED = ("qwen3", "qwen2", "llama", "mistral")

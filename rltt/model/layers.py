@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from rltt.model.config import LoopConfig
+from rltt.model.configuration import LoopConfig
 
 Step = Union[int, torch.Tensor]  # a 1-based step for the whole batch, or one per row (LongTensor (B,))
 

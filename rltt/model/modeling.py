@@ -24,8 +24,8 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
-from rltt.model.cache import LoopCache, attention_mask_for, ensure_slots
-from rltt.model.config import LoopConfig
+from rltt.model.loop_cache import LoopCache, attention_mask_for, ensure_slots
+from rltt.model.configuration import LoopConfig
 from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.model.layers import Attend, LoopLayer, RMSNorm, RotaryEmbedding, Step, StepLinear, sdpa
 from rltt.model.packing import PackedAttend, PackedLayout

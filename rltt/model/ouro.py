@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from rltt.errors import RlttError
-from rltt.model.config import LoopConfig
+from rltt.model.configuration import LoopConfig
 from rltt.model.modeling import LoopedForCausalLM
 
 RENAMES = {"model.early_exit_gate.": "model.exit_gate."}

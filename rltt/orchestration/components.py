@@ -2,7 +2,7 @@
 
 The loop (and, next, a Ray driver) builds its parts here and then talks to them only through
 `RolloutEngine` and `Learner`; another engine (vLLM) or learner (a Ray learner group) plugs in
-by adding a branch to these factories (the engines themselves: `rltt.rollout.factory`).
+by adding a branch to these factories (the engines themselves: `rltt.orchestration.engines`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import copy
 import torch
 
 from rltt.learner import Learner
-from rltt.orchestration.recipe import TrainRecipe
+from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.rollout import NativeEngine, RolloutEngine
-from rltt.rollout.factory import make_engine as engine_for_section
+from rltt.orchestration.engines import make_engine as engine_for_section
 
 
 def engine_dtype(recipe: TrainRecipe) -> torch.dtype:

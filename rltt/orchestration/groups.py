@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rltt.data.rewards import RewardError, RewardRunner, RewardSample
-from rltt.learner.batch import LearnerBatch
+from rltt.learner.learner_batch import LearnerBatch
 from rltt.objectives import group_advantages, uniform_groups
-from rltt.orchestration.prompts import Task
+from rltt.orchestration.prompt_stream import Task
 from rltt.rollout import RolloutBatch
 
 

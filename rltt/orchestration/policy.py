@@ -11,15 +11,16 @@ import torch
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
 from rltt.orchestration.groups import score_rollout
-from rltt.orchestration.prompts import Task
+from rltt.orchestration.prompt_stream import Task
 from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.runtime.device import pick_device
 
 
 def resolve_model_path(path: str) -> Path:
     """``quickstart`` → the cached quickstart model (built on first use); a local directory; or a
     hub id, fetched with huggingface_hub when it is not a local path."""
     if path == "quickstart":
-        from rltt.stages.quickstart import ensure_quickstart_model
+        from rltt.lm_training.quickstart_model import ensure_quickstart_model
 
         return Path(ensure_quickstart_model())
     local = Path(path).expanduser()
@@ -39,7 +40,6 @@ def load_policy(path: str | Path, dtype: str = "fp32", device: str = "auto", con
     from transformers import AutoTokenizer
 
     from rltt.model import load_looped
-    from rltt.stages.trainer import pick_device
 
     path = Path(path)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -62,7 +62,7 @@ class EvalResult:
     shards (data-parallel ranks) merge exactly: ``EvalResult(**combine([vars(p) for p in parts],
     EvalResult.OPS))`` (or `reduce_ranks` across ranks)."""
 
-    #: how shards merge (`rltt.orchestration.distributed.combine`)
+    #: how shards merge (`rltt.runtime.distributed.combine`)
     OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "per_task": "concat",
                                      "exit_step_sum": "sum", "tokens": "sum"}
 

@@ -24,10 +24,10 @@ import torch
 
 from rltt.data.rewards import RewardRunner, reward_error_metrics
 from rltt.learner import LearnerAPI, LearnerBatch
-from rltt.orchestration.distributed import Ranks
+from rltt.runtime.distributed import Ranks
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
-from rltt.orchestration.prompts import PromptStream, Task
-from rltt.orchestration.recipe import TrainRecipe
+from rltt.orchestration.prompt_stream import PromptStream, Task
+from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.data.reasoning import length_metrics, length_sums
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.rollout.params import ThinkingBudget

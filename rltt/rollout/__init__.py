@@ -7,7 +7,7 @@
 - `replay_logprobs`: bitwise re-execution of a rollout's recorded passes.
 """
 
-from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.native import NativeEngine
 from rltt.rollout.params import SCHEDULES, SamplingParams

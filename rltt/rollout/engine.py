@@ -7,7 +7,7 @@ from typing import Mapping
 
 import torch
 
-from rltt.rollout.batch import RolloutBatch
+from rltt.rollout.rollout_batch import RolloutBatch
 from rltt.rollout.params import SamplingParams
 
 #: trainable tensors a learner owns beside the model that it hands to the engines with the weights

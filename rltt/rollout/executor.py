@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.cache import GroupedAttend, SlotGroup, StepKVCache, plan_groups
+from rltt.rollout.kv_cache import GroupedAttend, SlotGroup, StepKVCache, plan_groups
 
 
 @dataclass

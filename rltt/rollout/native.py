@@ -18,7 +18,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.batch import PassRecord, RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams

@@ -15,7 +15,7 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.batch import RolloutBatch
+from rltt.rollout.rollout_batch import RolloutBatch
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.sampler import logprobs_of
 

@@ -6,7 +6,7 @@
   ``Attention`` (one KV cache) per (step, layer), exit gate and exit policy in ``compute_logits``.
 - `rltt.vllm.worker`: the worker extension that records every sampled token's exit step,
   gate values and sampler log-probs, and swaps weights in place.
-- `rltt.vllm.rows`: the vLLM-free part (per-row exit decisions, counter-based exit draws).
+- `rltt.vllm.row_exits`: the vLLM-free part (per-row exit decisions, counter-based exit draws).
 
-Only this package and `rltt.rollout.vllm_engine` import vllm; ``import rltt`` never does.
+Only this package and `rltt.vllm.engine` import vllm; ``import rltt`` never does.
 """

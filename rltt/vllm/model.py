@@ -49,8 +49,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
-from rltt.model.config import LoopConfig
-from rltt.vllm.rows import RowExits, choose_exits, parse_policy
+from rltt.model.configuration import LoopConfig
+from rltt.vllm.row_exits import RowExits, choose_exits, parse_policy
 
 # checkpoint name (rltt's, = Qwen/Llama's) -> (vLLM's merged parameter, shard id)
 STACKED = (
@@ -63,7 +63,7 @@ STACKED = (
 
 
 def slot_index(step: int, layer: int, num_layers: int) -> int:
-    """KV slot of (1-based step, 0-based layer): (t−1)·L + l, as in `rltt.model.cache.LoopCache`."""
+    """KV slot of (1-based step, 0-based layer): (t−1)·L + l, as in `rltt.model.loop_cache.LoopCache`."""
     return (step - 1) * num_layers + layer
 
 

@@ -3,7 +3,7 @@
 vLLM calls ``register()`` in every process it starts (engine core, workers), so a model
 directory saved by rltt (``config.json`` with ``model_type: rltt_looped`` and architecture
 ``LoopedForCausalLM``) loads in any vLLM process once rltt is installed. Ouro checkpoints are
-served by converting them once to rltt's layout (`rltt.rollout.vllm_engine` does it); their
+served by converting them once to rltt's layout (`rltt.vllm.engine` does it); their
 remote-code config is not registered.
 """
 
@@ -17,7 +17,7 @@ def register() -> None:
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    from rltt.model.config import LoopConfig
+    from rltt.model.configuration import LoopConfig
 
     AutoConfig.register(LoopConfig.model_type, LoopConfig, exist_ok=True)
     supported = set(ModelRegistry.get_supported_archs())

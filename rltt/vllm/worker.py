@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rltt.rollout.sampler import logprobs_of
-from rltt.vllm.rows import RowExits, parse_policy
+from rltt.vllm.row_exits import RowExits, parse_policy
 
 
 class RlttWorkerExtension:

@@ -42,7 +42,7 @@ def test_toy_run(tmp_path):
 def test_threads_reach_both_trainers(tmp_path, threads):
     """``--threads`` is rltt's ``train.threads`` too: rltt's trainer sets the process's torch threads,
     which TRL then runs with (a recipe value would otherwise win silently)."""
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     bench = _load()
     args = bench.parse_args(["--threads", str(threads)])

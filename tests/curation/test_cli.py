@@ -140,7 +140,7 @@ def test_a_hanging_reward_times_out_in_curate_and_eval(hanging_recipe, tmp_path,
     import time
 
     from rltt.curation.recipes import RecipePolicy
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     with RecipePolicy.load(load_train_recipe(hanging_recipe), hanging_recipe.parent) as policy:
         assert [r.timeout_s for r in policy.runner.rewards] == [5.0, 1.0]  # the recipe's, per reward
@@ -160,7 +160,7 @@ def test_rollout_engine_reaches_the_engine_factory(recipe, tmp_path, monkeypatch
     """``rollout.engine=vllm`` builds the vLLM engine (stood in for by a recording native engine: the
     factory's vLLM branch, its options and the close of the engine's process are what is checked)."""
     from rltt.rollout import NativeEngine
-    from rltt.rollout import vllm_engine
+    from rltt.vllm import engine as vllm_engine
 
     built = []
 

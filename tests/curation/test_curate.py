@@ -10,8 +10,8 @@ from rltt.curation import Band, CurationJob, CurationPaths, prompt_seed, run_cur
 from rltt.curation.curate import check_existing_output
 from rltt.data.gsm8k import load_gsm8k
 from rltt.errors import RlttError
-from rltt.orchestration.prompts import PromptStream
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.prompt_stream import PromptStream
+from rltt.orchestration.train_recipe import load_train_recipe
 
 from . import fakes
 

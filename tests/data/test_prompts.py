@@ -5,7 +5,7 @@ import pytest
 from rltt.errors import ConfigError, RlttError
 from rltt.data.gsm8k import DEFAULT_TEMPLATE, format_prompt
 from rltt.data.prompts import ChatPrompt, prompt_renderer
-from rltt.orchestration.prompts import PromptStream, eval_tasks, make_task
+from rltt.orchestration.prompt_stream import PromptStream, eval_tasks, make_task
 
 from .chat_tokenizer import chat_tokenizer
 
@@ -61,7 +61,7 @@ def test_chat_without_a_template_is_one_clear_error():
 
 
 def test_recipe_keys_are_validated():
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.train_recipe import load_train_recipe
 
     recipe = load_train_recipe(None, ["data.prompt_format=chat", "data.system_prompt=Think.",
                                       "rollout.thinking.budget=32", "rollout.max_new_tokens=64"])

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from rltt.orchestration.distributed import reduce_ranks  # noqa: E402
-from rltt.orchestration.local import LocalTrainer  # noqa: E402
-from rltt.orchestration.recipe import load_train_recipe  # noqa: E402
+from rltt.runtime.distributed import reduce_ranks  # noqa: E402
+from rltt.orchestration.trainer import LocalTrainer  # noqa: E402
+from rltt.orchestration.train_recipe import load_train_recipe  # noqa: E402
 
 
 def run(recipe: str, out_dir: str, overrides: list[str]) -> None:

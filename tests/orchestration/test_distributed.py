@@ -16,9 +16,9 @@ import yaml
 
 from rltt.cli.main import main
 from rltt.errors import ConfigError
-from rltt.orchestration.local import LocalTrainer
-from rltt.orchestration.prompts import PromptStream
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.prompt_stream import PromptStream
+from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.step import rollout_seed
 from rltt.telemetry import read_metrics
 

@@ -14,9 +14,9 @@ import yaml
 from safetensors.torch import load_file
 
 from rltt.errors import ConfigError
-from rltt.orchestration.local import LocalTrainer
-from rltt.orchestration.recipe import load_train_recipe
-from rltt.stages.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints
+from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.train_recipe import load_train_recipe
+from rltt.runtime.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints
 from rltt.telemetry import read_metrics
 from rltt.telemetry import schema as m
 

@@ -8,9 +8,9 @@ import torch
 import yaml
 
 from rltt.errors import RlttError
-from rltt.orchestration.local import LocalTrainer
-from rltt.orchestration.recipe import load_train_recipe
-from rltt.stages.checkpoint import checkpoint_dir, list_checkpoints
+from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.train_recipe import load_train_recipe
+from rltt.runtime.checkpoint import checkpoint_dir, list_checkpoints
 from rltt.telemetry import read_metrics
 
 from .helpers import tiny_checkpoint
@@ -88,7 +88,7 @@ def test_bad_rewards_damaged_and_crafted_checkpoints(tmp_path, capsys):
         target = checkpoint_dir(tmp_path, 3) / name
         saved = target.read_bytes()
         torch.save({"step": 3, "prompts": {"position": 0}, "optimizer": Exploit(marker)}, target)
-        from rltt.stages.checkpoint import write_manifest
+        from rltt.runtime.checkpoint import write_manifest
 
         write_manifest(checkpoint_dir(tmp_path, 3))
         with pytest.raises(RlttError, match=f"refusing to load .*{name}") as info:

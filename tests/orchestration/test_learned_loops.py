@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 
 from rltt.cli.main import main
 from rltt.learner import LEARNER_STATE
-from rltt.orchestration.local import LocalTrainer
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.train_recipe import load_train_recipe
 
 from .test_local import write_recipe
 

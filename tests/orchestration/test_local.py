@@ -6,8 +6,8 @@ import torch
 import yaml
 
 from rltt.cli.main import main
-from rltt.orchestration.local import LocalTrainer
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
 from .helpers import tiny_checkpoint
@@ -115,7 +115,7 @@ def test_algorithm_variants_run(tmp_path, overrides):
 
 def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
     """Data-parallel ranks evaluate disjoint task chunks; the merged sums are one process's."""
-    from rltt.orchestration.distributed import combine
+    from rltt.runtime.distributed import combine
     from rltt.orchestration.policy import EvalResult, evaluate
 
     trainer = LocalTrainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)

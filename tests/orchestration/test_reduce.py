@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rltt.orchestration.distributed import Ranks, combine, reduce_ranks
+from rltt.runtime.distributed import Ranks, combine, reduce_ranks
 
 
 def test_combine_each_op_by_hand():

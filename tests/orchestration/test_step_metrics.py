@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rltt.orchestration.distributed import Ranks
+from rltt.runtime.distributed import Ranks
 from rltt.orchestration.step import rollout_metrics
-from rltt.rollout.batch import RolloutStats
+from rltt.rollout.rollout_batch import RolloutStats
 from rltt.telemetry import schema as m
 
 

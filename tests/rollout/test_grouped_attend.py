@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rltt.rollout.cache import GroupedAttend, StepKVCache, plan_groups
+from rltt.rollout.kv_cache import GroupedAttend, StepKVCache, plan_groups
 
 R, T, L, D, HKV, NREP = 6, 3, 12, 8, 1, 2
 

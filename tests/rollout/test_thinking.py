@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rltt.errors import RlttError
-from rltt.learner.batch import LearnerBatch
-from rltt.learner.config import AlgorithmConfig
+from rltt.learner.learner_batch import LearnerBatch
+from rltt.learner.settings import AlgorithmConfig
 from rltt.learner.loss import rl_loss
 from rltt.learner.scoring import score_tokens
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rltt.errors import RlttError
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.rollout import NativeEngine
-from rltt.rollout.factory import make_engine, vllm_options
+from rltt.orchestration.engines import make_engine, vllm_options
 from tests.vllm.helpers import looped_model
 
 

@@ -12,7 +12,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.rollout.sampler import ExitDecider, RowRandom
-from rltt.vllm.rows import RowExits, choose_exits, row_keys, uniforms_from_keys
+from rltt.vllm.row_exits import RowExits, choose_exits, row_keys, uniforms_from_keys
 
 
 def test_uniforms_from_keys_are_row_random_draws():
@@ -59,9 +59,9 @@ def test_rltt_imports_and_errors_without_vllm(tmp_path):
     """With vllm unimportable, rltt and the engine factory import, and asking for vLLM is a one-line error."""
     code = (
         "import sys; sys.modules['vllm'] = None\n"
-        "import rltt, rltt.rollout, rltt.rollout.factory, rltt.rollout.vllm_engine, rltt.vllm.rows\n"
+        "import rltt, rltt.rollout, rltt.orchestration.engines, rltt.vllm.engine, rltt.vllm.row_exits\n"
         "from rltt.errors import RlttError\n"
-        "from rltt.rollout.factory import make_engine\n"
+        "from rltt.orchestration.engines import make_engine\n"
         "try:\n"
         "    make_engine({'engine': 'vllm'}, None)\n"
         "except RlttError as e:\n"
@@ -76,7 +76,7 @@ def test_rltt_imports_and_errors_without_vllm(tmp_path):
 
 def test_head_dim_below_64_is_a_one_line_error_on_cpu():
     from rltt.model import LoopConfig
-    from rltt.rollout.vllm_engine import VllmEngine
+    from rltt.vllm.engine import VllmEngine
 
     cfg = LoopConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                      num_attention_heads=2, num_loops=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.rollout import NativeEngine, SamplingParams
 from rltt.rollout.params import ThinkingBudget
 from tests.data.chat_tokenizer import chat_tokenizer
@@ -18,7 +18,7 @@ BUDGET, ANSWER = 4, 3
 
 @pytest.fixture(scope="module")
 def setup():
-    from rltt.rollout.vllm_engine import VllmEngine
+    from rltt.vllm.engine import VllmEngine
 
     tok = chat_tokenizer()
     close = tok.encode("</think>", add_special_tokens=False)

@@ -20,8 +20,8 @@ def checkpoint(path: Path) -> Path:
 
 
 def test_five_steps_with_vllm_rollouts(tmp_path):
-    from rltt.orchestration.local import LocalTrainer
-    from rltt.orchestration.recipe import load_train_recipe
+    from rltt.orchestration.trainer import LocalTrainer
+    from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.telemetry import read_metrics
 
     recipe = {

@@ -11,6 +11,6 @@ Ray is an optional dependency (``pip install 'rltt[ray]'``); nothing here import
 import time except `cluster`, `rollout_pool` and `learner_group`.
 """
 
-from rltt.orchestration.ray.config import OrchestrationSection, RaySection
+from rltt.orchestration.ray.orchestration_section import OrchestrationSection, RaySection
 
 __all__ = ["OrchestrationSection", "RaySection"]

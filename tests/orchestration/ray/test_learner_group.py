@@ -9,9 +9,9 @@ import pytest
 
 from rltt.errors import RlttError
 from rltt.orchestration.ray.builders import LearnerFromDir
-from rltt.orchestration.ray.config import RaySection
+from rltt.orchestration.ray.orchestration_section import RaySection
 from rltt.orchestration.ray.learner_group import RayLearnerGroup
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.train_recipe import load_train_recipe
 
 from ...learner.helpers import synthetic_batch
 from ..test_local import write_recipe

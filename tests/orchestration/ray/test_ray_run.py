@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from rltt.cli.main import main
-from rltt.orchestration.local import LocalTrainer
+from rltt.orchestration.trainer import LocalTrainer
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
-from rltt.orchestration.ray.trainer import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS, RayTrainer
-from rltt.orchestration.recipe import load_train_recipe
+from rltt.orchestration.ray.parts import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS, RayTrainer
+from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
 from ..test_local import write_recipe
@@ -121,7 +121,7 @@ def test_ray_run_with_the_learner_killed_mid_update_restarts_and_equals_the_loca
 
 def test_learner_restarts_zero_stops_with_the_checkpoint_to_resume_from(ray_cluster, tmp_path, monkeypatch, capsys):
     from rltt.orchestration.ray.learner_group import RayLearnerGroup
-    from rltt.stages.checkpoint import checkpoint_dir
+    from rltt.runtime.checkpoint import checkpoint_dir
 
     path = write_recipe(tmp_path)
     run_dir = tmp_path / "run"

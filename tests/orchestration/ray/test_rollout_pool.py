@@ -13,11 +13,11 @@ import torch
 from rltt.errors import RlttError
 from rltt.orchestration.policy import load_policy
 from rltt.orchestration.ray.cluster import ClusterLog
-from rltt.orchestration.ray.config import RaySection
+from rltt.orchestration.ray.orchestration_section import RaySection
 from rltt.orchestration.ray.builders import EngineFromDir
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
 from rltt.orchestration.ray.shards import merge, split
-from rltt.orchestration.recipe import TrainRecipe
+from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.rollout import NativeEngine, SamplingParams
 
 from ...rollout.helpers import assert_same_passes

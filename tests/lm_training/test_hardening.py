@@ -9,11 +9,11 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model import load_looped
-from rltt.stages import checkpoint as ckpt
-from rltt.stages import guard
-from rltt.stages import trainer as trainer_module
-from rltt.stages.paths import check_output_file, check_run_dir
-from rltt.stages.pretrain import build_pretrain_model, pretrain
+from rltt.runtime import checkpoint as ckpt
+from rltt.runtime import guard
+from rltt.lm_training import stage_loop as trainer_module
+from rltt.runtime.paths import check_output_file, check_run_dir
+from rltt.lm_training.pretraining import build_pretrain_model, pretrain
 from rltt.telemetry import read_metrics, schema
 
 from .helpers import tiny_pretrain_recipe
@@ -244,7 +244,7 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
 
     import yaml
 
-    from rltt.stages.recipe import load_stage_recipe
+    from rltt.lm_training.stage_recipe import load_stage_recipe
 
     from .helpers import tiny_pretrain_data
 

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rltt.stages.data import eval_problems, held_out_batches, open_sources
-from rltt.stages.pretrain import pretrain
-from rltt.stages.recipe import TextDataSection, load_stage_recipe
+from rltt.lm_training.corpus import eval_problems, held_out_batches, open_sources
+from rltt.lm_training.pretraining import pretrain
+from rltt.lm_training.stage_recipe import TextDataSection, load_stage_recipe
 
 from .helpers import tiny_pretrain_data
 

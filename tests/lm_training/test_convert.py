@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rltt.stages.convert import build_converted_model, convert
-from rltt.stages.data import open_sources
-from rltt.stages.recipe import load_stage_recipe
+from rltt.lm_training.conversion import build_converted_model, convert
+from rltt.lm_training.corpus import open_sources
+from rltt.lm_training.stage_recipe import load_stage_recipe
 from rltt.telemetry import read_metrics
 
 

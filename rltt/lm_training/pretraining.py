@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from rltt.model import LoopConfig, LoopedForCausalLM
-from rltt.stages.data import Sources, build_tokenizer
-from rltt.stages.recipe import PretrainRecipe, load_stage_recipe
-from rltt.stages.trainer import StageResult, run_stage
+from rltt.lm_training.corpus import Sources, build_tokenizer
+from rltt.lm_training.stage_recipe import PretrainRecipe, load_stage_recipe
+from rltt.lm_training.stage_loop import StageResult, run_stage
 
 
 def build_pretrain_model(recipe: PretrainRecipe, sources: Sources):

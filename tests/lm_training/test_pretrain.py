@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rltt.model import load_looped
-from rltt.stages.checkpoint import list_checkpoints
-from rltt.stages.pretrain import pretrain
+from rltt.runtime.checkpoint import list_checkpoints
+from rltt.lm_training.pretraining import pretrain
 from rltt.telemetry import read_metrics, schema
 
 from .helpers import tiny_pretrain_recipe

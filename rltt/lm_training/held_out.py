@@ -9,7 +9,7 @@ import torch
 
 from rltt.data.gsm8k import extract_final_answer, format_prompt, to_decimal
 from rltt.data.synthetic import SyntheticProblem
-from rltt.stages.losses import batch_loss
+from rltt.lm_training.losses import batch_loss
 from rltt.telemetry import exit_stats, schema
 
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
-from rltt.learner.config import AlgorithmConfig, LearnerConfig
-from rltt.orchestration.ray.config import OrchestrationSection
+from rltt.learner.settings import AlgorithmConfig, LearnerConfig
+from rltt.orchestration.ray.orchestration_section import OrchestrationSection
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
                            TrainSection, check_exit_policy, is_file, path_exists)
@@ -123,7 +123,7 @@ class VllmSection:
     multiprocess: bool = False
 
     def engine_options(self) -> dict:
-        """Keyword arguments of `rltt.rollout.vllm_engine.VllmEngine`."""
+        """Keyword arguments of `rltt.vllm.engine.VllmEngine`."""
         from dataclasses import asdict
 
         return asdict(self)

@@ -24,15 +24,16 @@ from rltt.config import to_dict
 from rltt.data.tokenizer import load_tokenizer
 from rltt.errors import RlttError
 from rltt.model import LoopedForCausalLM
-from rltt.stages import checkpoint as ckpt
-from rltt.stages import guard
-from rltt.stages.alarm import CollapseAlarm
-from rltt.stages.data import Sources, eval_problems, held_out_batches, open_sources, train_packer
-from rltt.stages.evaluate import held_out_metrics, solve_metrics, solve_rate
-from rltt.stages.losses import batch_loss
-from rltt.stages.paths import check_run_dir
-from rltt.stages.recipe import StageRecipe
-from rltt.stages.schedule import warmup_cosine
+from rltt.runtime import checkpoint as ckpt
+from rltt.runtime import guard
+from rltt.lm_training.alarm import CollapseAlarm
+from rltt.lm_training.corpus import Sources, eval_problems, held_out_batches, open_sources, train_packer
+from rltt.lm_training.held_out import held_out_metrics, solve_metrics, solve_rate
+from rltt.lm_training.losses import batch_loss
+from rltt.runtime.device import pick_device
+from rltt.runtime.paths import check_run_dir
+from rltt.lm_training.stage_recipe import StageRecipe
+from rltt.lm_training.lr_schedule import warmup_cosine
 from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema, truncate_metrics
 
 FINAL_DIR = "final"
@@ -52,16 +53,6 @@ class StageResult:
     eval: dict = field(default_factory=dict)
     alarms: list[dict] = field(default_factory=list)
     wall_time_s: float = 0.0
-
-
-def pick_device(name: str, key: str = "model.device") -> torch.device:
-    """``auto`` (CUDA when available, else CPU) or a torch device name; ``key`` names the recipe
-    key in the error for a CUDA device on a machine without CUDA."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RlttError(f"{key}={name!r} but CUDA is not available")
-    return torch.device(name)
 
 
 def make_optimizer(model, recipe: StageRecipe) -> torch.optim.AdamW:
@@ -157,7 +148,7 @@ class StageRun:
     # -- one step --------------------------------------------------------------------------
     def train_step(self) -> dict:
         """One optimizer step over ``grad_accum`` batches; returns its metrics. A non-finite loss
-        or gradient skips the update (the non-finite guard; see :mod:`rltt.stages.guard`)."""
+        or gradient skips the update (the non-finite guard; see :mod:`rltt.runtime.guard`)."""
         t, o = self.recipe.train, self.recipe.optim
         start = time.perf_counter()
         results, probs = [], []

@@ -33,7 +33,7 @@ def _key(overrides: list[str]) -> str:
     without its ``logging`` section, so comments, formatting or a logging setting in the recipe
     file do not rebuild the model, and any value that changes the training does."""
     from rltt.config import to_dict
-    from rltt.stages.pretrain import load_pretrain_recipe
+    from rltt.lm_training.pretraining import load_pretrain_recipe
 
     resolved = to_dict(load_pretrain_recipe(RECIPE, overrides))
     resolved.pop("logging", None)
@@ -54,7 +54,7 @@ def ensure_quickstart_model(cache_dir: str | Path | None = None, overrides: Iter
     for a faster test build — in ``quickstart-model-<hash>``). The cache is keyed by the
     resolved recipe (see `_key`), so changing a recipe value rebuilds it and a comment does not.
     """
-    from rltt.stages.pretrain import load_pretrain_recipe, pretrain
+    from rltt.lm_training.pretraining import load_pretrain_recipe, pretrain
 
     overrides = list(overrides)
     if not RECIPE.is_file():

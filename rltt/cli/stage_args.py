@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rltt.stages.trainer import StageResult
+from rltt.lm_training.stage_loop import StageResult
 
 
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:

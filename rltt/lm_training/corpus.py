@@ -18,7 +18,7 @@ from rltt.data.synthetic import SyntheticProblem, generate_problem, resolve_diff
 from rltt.data.text import BlockPacker, DocumentSource, ListSource, SyntheticSource, load_documents, record_text
 from rltt.data.tokenizer import load_tokenizer, train_tokenizer
 from rltt.errors import RlttError
-from rltt.stages.recipe import TextDataSection, TokenizerSection
+from rltt.lm_training.stage_recipe import TextDataSection, TokenizerSection
 
 #: offset added to ``data.seed`` for the held-out synthetic problems (disjoint from training)
 HELD_OUT_SEED_OFFSET = 1

@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 from rltt.data.tokenizer import load_tokenizer
 from rltt.errors import RlttError
 from rltt.model import loopify
-from rltt.stages.checkpoint import atomic_dir
-from rltt.stages.data import Sources, build_tokenizer, train_packer
-from rltt.stages.recipe import ConvertRecipe, DenseBuilder, load_stage_recipe
-from rltt.stages.trainer import StageResult, run_stage
+from rltt.runtime.checkpoint import atomic_dir
+from rltt.lm_training.corpus import Sources, build_tokenizer, train_packer
+from rltt.lm_training.stage_recipe import ConvertRecipe, DenseBuilder, load_stage_recipe
+from rltt.lm_training.stage_loop import StageResult, run_stage
 
 
 def create_dense(path: Path, builder: DenseBuilder, recipe: ConvertRecipe, sources: Sources) -> Path:

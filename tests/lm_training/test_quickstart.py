@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rltt.model import load_looped
-from rltt.stages import quickstart
-from rltt.stages.quickstart import ensure_quickstart_model, quickstart_info
+from rltt.lm_training import quickstart_model as quickstart
+from rltt.lm_training.quickstart_model import ensure_quickstart_model, quickstart_info
 
 #: a seconds-long variant of recipes/pretrain-tiny.yaml (same code path, tiny sizes)
 FAST = ["train.steps=3", "checkpoint.every=2", "eval.every=3", "eval.solve_problems=2", "eval.max_new_tokens=4",
@@ -26,7 +26,7 @@ def test_builds_once_then_caches(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached model must not be rebuilt")
 
-    monkeypatch.setattr("rltt.stages.pretrain.pretrain", no_training)
+    monkeypatch.setattr("rltt.lm_training.pretraining.pretrain", no_training)
     assert ensure_quickstart_model(tmp_path, overrides=FAST, progress=False) == path
 
 
@@ -37,7 +37,7 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 
 
 def test_interrupted_build_resumes(tmp_path, monkeypatch):
-    from rltt.stages import pretrain as stage
+    from rltt.lm_training import pretraining as stage
 
     real = stage.pretrain
 
@@ -87,6 +87,6 @@ def test_cache_key_is_the_resolved_recipe(tmp_path, monkeypatch):
     (model / "config.json").write_text("{}")
     (home / "quickstart.json").write_text(json.dumps({"key": quickstart._text_key(edited.read_text(), FAST),
                                                       "model": str(model)}))
-    monkeypatch.setattr("rltt.stages.pretrain.pretrain", lambda *a, **k: pytest.fail("must not rebuild"))
+    monkeypatch.setattr("rltt.lm_training.pretraining.pretrain", lambda *a, **k: pytest.fail("must not rebuild"))
     assert ensure_quickstart_model(tmp_path / "cache", overrides=FAST, progress=False) == model
     assert json.loads((home / "quickstart.json").read_text())["key"] == base

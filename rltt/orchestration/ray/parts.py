@@ -22,14 +22,14 @@ import yaml
 
 from rltt.config import to_dict
 from rltt.errors import RlttError
-from rltt.orchestration.distributed import Ranks
+from rltt.runtime.distributed import Ranks
 from rltt.orchestration.groups import ScoredGroups
-from rltt.orchestration.local import STATE_FILE, LocalTrainer
+from rltt.orchestration.trainer import STATE_FILE, LocalTrainer
 from rltt.orchestration.ray.builders import EngineFromDir, LearnerFromDir
-from rltt.orchestration.ray.config import check_recipe
+from rltt.orchestration.ray.orchestration_section import check_recipe
 from rltt.orchestration.step import TrainingStep
 from rltt.learner import LearnerBatch
-from rltt.stages.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, load_state_file, prune_checkpoints
+from rltt.runtime.checkpoint import atomic_dir, checkpoint_dir, latest_checkpoint, load_state_file, prune_checkpoints
 from rltt.telemetry import schema as m
 
 STALENESS = m.ORCH_STALENESS

@@ -1,6 +1,6 @@
 """Tiny stage recipes that train in seconds on CPU."""
 
-from rltt.stages.recipe import load_stage_recipe
+from rltt.lm_training.stage_recipe import load_stage_recipe
 
 TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
               "num_loops": 3, "max_position_embeddings": 128}

@@ -6,7 +6,7 @@ import pytest
 
 from rltt.cli.main import main
 from rltt.errors import RlttError
-from rltt.stages.recipe import ConvertRecipe, PretrainRecipe, load_stage_recipe
+from rltt.lm_training.stage_recipe import ConvertRecipe, PretrainRecipe, load_stage_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
