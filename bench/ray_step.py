@@ -5,8 +5,8 @@
 
 Step time. The same recipe (``recipes/quickstart.yaml``, the cached quickstart model; no
 evaluation, checkpoints or review) runs in four trainers built side by side in one process:
-the local loop (`LocalTrainer`: engine and learner in this process, sharing the model's
-tensors), and `RayTrainer` (``orchestration.backend=ray``: the driver here, a learner actor and
+the local loop (`Trainer`: engine and learner in this process, sharing the model's
+tensors), and `Trainer` (``orchestration.backend=ray``: the driver here, a learner actor and
 the rollout-worker actors) with 1 and 2 rollout workers, and with 1 worker and
 ``orchestration.overlap=1`` (step k+1's rollouts sampled while step k learns). The trainers
 take their steps interleaved — step 1 of each, then step 2 of each, the order rotating every
@@ -73,11 +73,9 @@ def make_trainer(name: str, args, out: Path):
                  "logging.review_every=0", "logging.progress=false",
                  f"logging.run_dir={out / name}", *CONFIGS[name], *args.set]
     recipe = load_train_recipe(RECIPE, overrides)
-    if recipe.orchestration.backend == "ray":
-        from rltt.orchestration.ray.parts import RayTrainer as cls
-    else:
-        from rltt.orchestration.trainer import LocalTrainer as cls
-    return cls(recipe, recipe_root=ROOT)
+    from rltt.orchestration.trainer import Trainer
+
+    return Trainer(recipe, recipe_root=ROOT)  # its orchestration (local or Ray) from the recipe
 
 
 class Inside:
@@ -321,7 +319,7 @@ def sync_times(args) -> list[dict]:
                 if served != {version}:
                     raise RuntimeError(f"workers serve versions {served}, expected {version}")
             finally:
-                pool.shutdown()
+                pool.close()
             ms = 1000 * statistics.median(times)
             mb = nbytes / 1e6
             rows.append({"hidden": hidden, "workers": workers, "mb": mb, "ms": ms, "ms_per_mb": ms / mb,

@@ -145,7 +145,7 @@ def run(args) -> tuple[list[dict], str]:
 def run_vllm(args) -> tuple[list[dict], str]:
     """vLLM (`VllmEngine`, dense) against the native engine's dense and deferred schedules: same model,
     prompts, greedy tokens and sampled exits (vLLM draws the same counter-based exits; checked)."""
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     torch.set_num_threads(args.threads)
     model = build_model(args)

@@ -1,4 +1,4 @@
-"""RL step time and solve-rate gain: rltt's LocalTrainer vs TRL's GRPOTrainer, in one process.
+"""RL step time and solve-rate gain: rltt's Trainer vs TRL's GRPOTrainer, in one process.
 
     python bench/trl_compare.py                  # 12 steps (~2-4 min on 2 CPU cores)
     python bench/trl_compare.py --write          # ... and update bench/RESULTS.md's section
@@ -38,7 +38,7 @@ Timing: the two trainers run interleaved — TRL drives, and after each TRL opti
 callback runs one rltt step — so load from other jobs on the shared machine hits both alike.
 A step's time is the wall (and process-CPU) time from the end of the previous step to the end
 of this one: for TRL everything its loop does (generation, rewards, scoring, backward,
-optimizer, logging), for rltt ``LocalTrainer.train_step`` plus its metrics log. The first
+optimizer, logging), for rltt ``Trainer.train_step`` plus its metrics log. The first
 ``--warmup-steps`` steps are excluded; the figure is the median. Evaluation (not timed): the
 same held-out problems (rltt's eval set), samples, temperature and length for the start model
 and both final models, all through rltt's ``evaluate`` on a ``NativeEngine`` with
@@ -145,11 +145,11 @@ def rltt_overrides(args, model_path: Path, run_dir: Path) -> list[str]:
 
 
 def make_rltt(args, model_path: Path, run_dir: Path):
-    from rltt.orchestration.trainer import LocalTrainer
+    from rltt.orchestration.trainer import Trainer
     from rltt.orchestration.train_recipe import load_train_recipe
 
     recipe = load_train_recipe(RECIPE, rltt_overrides(args, model_path, run_dir))
-    return LocalTrainer(recipe, recipe_root=ROOT)
+    return Trainer(recipe, recipe_root=ROOT)
 
 
 def step_tasks(rl, steps: int) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rltt.data.gsm8k import has_final_answer_line
 from rltt.data.reasoning import well_formed
-from rltt.data.rewards import builtin_reward
+from rltt.data.reward_fns import builtin_reward
 
 
 @builtin_reward  # string parsing only: runs in the trainer's process

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rltt.data.gsm8k import extract_last_number, reference_answer, to_decimal
 from rltt.data.reasoning import answer_part, final_answer
-from rltt.data.rewards import builtin_reward
+from rltt.data.reward_fns import builtin_reward
 
 
 def _matches(predicted: str | None, answer: str) -> float:

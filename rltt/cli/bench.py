@@ -17,7 +17,20 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in BENCH_DIR.glob("*.py")) if BENCH_DIR.is_dir() else []
+    """The benchmarks: scripts ``bench/NAME.py`` and packages ``bench/NAME/`` with a ``__main__.py``."""
+    if not BENCH_DIR.is_dir():
+        return []
+    return sorted({p.stem for p in BENCH_DIR.glob("*.py")} | {p.parent.name for p in BENCH_DIR.glob("*/__main__.py")})
+
+
+def script(name: str) -> Path | None:
+    """What ``python`` runs for benchmark ``name``: ``bench/NAME.py``, or the folder ``bench/NAME/`` of a
+    package with a ``__main__.py``; None when there is neither."""
+    if (BENCH_DIR / f"{name}.py").is_file():
+        return BENCH_DIR / f"{name}.py"
+    if (BENCH_DIR / name / "__main__.py").is_file():
+        return BENCH_DIR / name
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    script = BENCH_DIR / f"{args.name}.py"
-    if not script.is_file():
+    path = script(args.name)
+    if path is None:
         names = ", ".join(available()) or f"none: {BENCH_DIR} does not exist (benchmarks need a source checkout)"
         raise RlttError(f"bench: unknown benchmark {args.name!r} (available: {names})")
-    return subprocess.call([sys.executable, str(script), *args.args], cwd=BENCH_DIR.parent)
+    return subprocess.call([sys.executable, str(path), *args.args], cwd=BENCH_DIR.parent)

@@ -21,6 +21,7 @@ COMMANDS = {
     "eval": "evaluate",
     "bench": "bench",
     "generate": "generate",
+    "plan": "plan",
 }
 
 

@@ -23,18 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rltt.orchestration.trainer import LocalTrainer
     from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.orchestration.trainer import train
 
     recipe = load_train_recipe(args.recipe, args.overrides)
-    root = Path(args.recipe).resolve().parent
-    if recipe.orchestration.backend == "ray":  # the same loop, its engine and learner on Ray actors
-        from rltt.orchestration.ray.parts import train_with_restarts
-
-        result, trainer = train_with_restarts(recipe, resume=args.resume, recipe_root=root)
-    else:
-        trainer = LocalTrainer(recipe, resume=args.resume, recipe_root=root)
-        result = trainer.run()
+    # one loop; orchestration.backend says where its engine and learner live (here or on Ray actors)
+    result, trainer = train(recipe, resume=args.resume, recipe_root=Path(args.recipe).resolve().parent)
     trainer.ranks.close()
     if not trainer.ranks.main:  # rank 0 reports for a data-parallel run
         return 0

@@ -56,9 +56,7 @@ class RecipePolicy:
     def close(self) -> None:
         """Stop the reward workers and an engine with a process of its own (vLLM)."""
         self.runner.close()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
     def __enter__(self) -> "RecipePolicy":
         return self

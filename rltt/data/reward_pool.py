@@ -65,7 +65,7 @@ def _die_with_parent() -> None:
 
 def _worker_main(conn: Connection, specs: list[tuple[str, str | None]]) -> None:
     _die_with_parent()
-    from rltt.data.rewards import load_reward_fn
+    from rltt.data.reward_fns import load_reward_fn
 
     try:
         fns = [load_reward_fn(spec, root) for spec, root in specs]

@@ -30,3 +30,10 @@ class LearnerAPI(Protocol):
 
     def load(self, directory: Path) -> None:
         """Resume from what `save` wrote."""
+
+    def checkpointed(self, directory: Path) -> None:
+        """The checkpoint ``directory`` (holding what `save` wrote) is complete: the one a
+        learner that can be rebuilt names to resume from."""
+
+    def close(self) -> None:
+        """Release what the learner holds beyond this process's memory (actors, process groups)."""

@@ -21,14 +21,16 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rltt.errors import RlttError
-from rltt.learner.settings import LearnerConfig
 from rltt.runtime import guard
 from rltt.telemetry import grad_norms
+
+if TYPE_CHECKING:
+    from rltt.learner.settings import LearnerConfig
 
 
 class _Backend:
@@ -50,6 +52,16 @@ class _Backend:
 
     #: parameters are partitioned across ranks (ZeRO-3): full tensors need a gather
     partitioned: bool = False
+    #: trains the module it is given in place, in ``learner.dtype`` (the learner casts it first);
+    #: False: the backend wraps the module and handles the dtype itself
+    in_place: bool = False
+    #: averages gradients over the launcher's ranks (a torchrun run is data-parallel)
+    data_parallel: bool = False
+
+    @staticmethod
+    def partitions(cfg: LearnerConfig) -> bool:
+        """Whether ``cfg`` partitions the parameters across ranks."""
+        return False
 
     def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return module.state_dict()
@@ -59,6 +71,7 @@ class TorchBackend(_Backend):
     """AdamW + linear warmup + global-norm clipping on a plain module."""
 
     name = "torch"
+    in_place = True
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
         self.module = self.forward_model = model
@@ -141,6 +154,11 @@ class DeepSpeedBackend(_Backend):
     """
 
     name = "deepspeed"
+    data_parallel = True
+
+    @staticmethod
+    def partitions(cfg: LearnerConfig) -> bool:
+        return cfg.zero_stage == 3
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
         try:
@@ -156,7 +174,7 @@ class DeepSpeedBackend(_Backend):
                                                                  config=ds_config)
         self.module = self.engine.module
         self.forward_model = self.engine  # forwards go through the engine (ZeRO-3 bookkeeping)
-        self.partitioned = cfg.zero_stage == 3
+        self.partitioned = self.partitions(cfg)
 
     def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """``module``'s tensors; under ZeRO-3 gathered from every rank's partition (a collective)."""
@@ -237,6 +255,9 @@ class DeepSpeedBackend(_Backend):
         self.updates = int((client or {}).get("updates", 0))
 
 
+#: ``learner.backend`` -> its class; the recipe's allowed values are this table's keys
+BACKENDS: dict[str, type[_Backend]] = {"torch": TorchBackend, "deepspeed": DeepSpeedBackend}
+
+
 def make_backend(model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
-    backend_cls = DeepSpeedBackend if cfg.backend == "deepspeed" else TorchBackend
-    return backend_cls(model, cfg, accumulation)
+    return BACKENDS[cfg.backend](model, cfg, accumulation)

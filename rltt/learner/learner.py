@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from rltt.errors import ConfigError
-from rltt.learner.backends import make_backend
+from rltt.learner.backends import BACKENDS, make_backend
 from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
@@ -80,7 +80,8 @@ class _LoopTelemetry:
 
 #: cross-rank (and cross-micro-batch) reduction of each loss statistic; the others are means
 #: (each rank's weighted sum is its share of the global batch times the world size)
-STAT_OPS = {"ratio_max": "max", "ratio_min": "min"}
+STAT_OPS = {"ratio_max": "max", "ratio_min": "min", "correction_weight_max": "max",
+            "correction_tokens": "sum", "correction_masked": "sum", "correction_weight_sum": "sum"}
 #: the file of `Learner.save` holding the learner's own state
 LEARNER_STATE = "learner_state.pt"
 LOOP_WEIGHTS = "loop_weight_logits"
@@ -124,13 +125,16 @@ class Learner:
         self.version = 0
         self.rollout_dtype = rollout_dtype or next(model.parameters()).dtype
         learned = algo.omega == "learned"
-        if learned and cfg.backend == "deepspeed" and cfg.zero_stage == 3:
+        backend = BACKENDS[cfg.backend]
+        if learned and backend.partitions(cfg):
             raise ConfigError("algorithm.omega: 'learned' loop weights are not supported with learner.zero_stage=3 "
                               "(use zero_stage 0-2)")
         needs_ref = algo.kl_coef > 0 or algo.track_kl
         self.ref_model = frozen_copy(model) if needs_ref else None
+        if cfg.activation_checkpointing:  # the policy's training forwards only (the reference is copied above)
+            model.gradient_checkpointing_enable()
         policy = PolicyModule(model, model.config.num_loops if learned else None)
-        if cfg.dtype == "bf16" and cfg.backend == "torch":
+        if cfg.dtype == "bf16" and backend.in_place:
             policy = policy.to(torch.bfloat16)
         self.backend = make_backend(policy, cfg, self.accumulation)
         self.model = self.backend.module  # the PolicyModule
@@ -192,7 +196,7 @@ class Learner:
 
     def _data_parallel_world(self) -> int:
         """Ranks averaging gradients: DeepSpeed's process group; 1 for the torch backend."""
-        return world_size() if self.cfg.backend == "deepspeed" else 1
+        return world_size() if BACKENDS[self.cfg.backend].data_parallel else 1
 
     def _size(self, batch: LearnerBatch) -> float:
         """What the aggregation averages over: tokens (token_mean) or sequences."""
@@ -242,6 +246,8 @@ class Learner:
                         totals[key] = max(totals.get(key, -math.inf), value)
                     elif op == "min":
                         totals[key] = min(totals.get(key, math.inf), value)
+                    elif op == "sum":  # counts: exact over micro-batches, whatever the aggregation
+                        totals[key] = totals.get(key, 0.0) + value
                     else:
                         totals[key] = totals.get(key, 0.0) + value * weight
             norms, skipped = self.backend.step(losses)
@@ -262,6 +268,11 @@ class Learner:
             m.POLICY_RATIO_MIN: totals["ratio_min"],
             m.LR: self.backend.lr,
         })
+        if self.algo.correction != "none":
+            kept = totals["correction_tokens"] - totals["correction_masked"]
+            metrics[m.CORRECTION_MASKED_FRAC] = totals["correction_masked"] / max(totals["correction_tokens"], 1.0)
+            metrics[m.CORRECTION_WEIGHT_MEAN] = totals["correction_weight_sum"] / max(kept, 1.0)
+            metrics[m.CORRECTION_WEIGHT_MAX] = totals["correction_weight_max"]
         if batch.ref_logprobs is not None:
             metrics[m.KL_REF] = totals["kl"]
             metrics[m.LOSS_KL] = totals["kl"] * self.algo.kl_coef if self.algo.kl_in == "loss" else 0.0
@@ -305,6 +316,13 @@ class Learner:
             torch.save(state, directory / LEARNER_STATE)
         if self._data_parallel_world() > 1:
             torch.distributed.barrier()  # the directory is complete before any rank moves on
+
+    def checkpointed(self, directory: str | Path) -> None:
+        """Nothing to note: a learner in this process is rebuilt from the checkpoint by a resume."""
+
+    def close(self) -> None:
+        """Nothing to release: the learner lives in this process (a torchrun run's process group
+        is closed by its `Ranks`)."""
 
     def load(self, directory: str | Path) -> None:
         """Resume from a directory `save` wrote (a collective under DeepSpeed)."""

@@ -10,6 +10,8 @@ from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig
 from rltt.learner.scoring import LoopScores
 from rltt.objectives import hybrid_logprob, kl_estimate, policy_logprob, policy_loss
+from rltt.objectives.corrections import CorrectionParams
+from rltt.objectives.policy_losses import POLICY_LOSSES
 from rltt.objectives.rl import aggregate
 
 
@@ -48,15 +50,20 @@ def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_
     old = batch.old_logprobs
     if old is None:  # one update per batch: this pass is at the rollout weights
         old = logp.detach()
+    at_rollout = old  # the learner's log-prob at the rollout weights, what a rollout correction compares
     if uses_hybrid(algo, batch):
         # value = the sampler's log-prob at θ_rollout, gradient = the dense gradient
         logp = hybrid_logprob(logp, batch.sampler_logprobs, batch.old_logprobs)
         old = batch.sampler_logprobs
+    spec = POLICY_LOSSES[algo.loss]
+    eps_low, eps_high = (None if key is None else getattr(algo, key) for key in spec.eps_keys)
+    correct = algo.correction != "none"
     pl = policy_loss(
         logp, old, batch.advantages, mask,
-        kind=algo.loss, eps_low=algo.eps_low, eps_high=algo.eps_high, agg=algo.aggregation,
-        max_len=max_len, tis_cap=algo.tis_cap,
-        behaviour_logp=batch.sampler_logprobs if algo.tis_cap is not None else None,
+        kind=algo.loss, eps_low=eps_low, eps_high=eps_high, agg=algo.aggregation, max_len=max_len,
+        correction=algo.correction,
+        correction_params=CorrectionParams(algo.correction_cap, algo.correction_lo, algo.correction_hi),
+        behaviour_logp=batch.sampler_logprobs if correct else None, rollout_logp=at_rollout if correct else None,
     )
     loss = pl.loss
     kl = torch.zeros((), device=loss.device)

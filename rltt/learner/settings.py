@@ -9,6 +9,9 @@ from typing import Annotated, Literal
 
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range, check_fields,
                          recipe_error)
+from rltt.learner.backends import BACKENDS
+from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, SCALES_OF
+from rltt.objectives.corrections import CORRECTIONS
 from rltt.objectives.logprob import Omega, PolicyLogprobKind
 from rltt.objectives.rl import Aggregation, AdvantageScale, KlEstimator, PolicyLossKind
 from rltt.sections import Dtype
@@ -18,13 +21,23 @@ Beta = Annotated[float, Range(ge=0, lt=1)]
 
 @dataclass
 class AlgorithmConfig:
-    """RLTT / GRPO objective.
+    """RLTT / GRPO objective (docs/design.md §5.5–5.6); the choices are the keys of the tables in
+    `rltt.objectives`.
 
     ``policy_logprob``: exit | final | mixture | rltt (ω = ``omega``: exit_pdf | uniform |
-    progressive | learned). ``loss``: ppo_clip (ε_low/ε_high, ``ppo_epochs`` = μ) or reinforce.
+    progressive | learned). ``loss``: ppo_clip (``eps_low``/``eps_high``, ``ppo_epochs`` = μ),
+    reinforce, gspo (the sequence-ratio clip ``gspo_eps_low``/``gspo_eps_high``) or cispo (the
+    importance weight capped at 1 + ``cispo_eps_high``, no lower bound).
+    ``advantage``: grpo | rloo | reinforce_pp, normalised by ``advantage_scale`` (group | batch |
+    none; reinforce_pp whitens over the batch itself and takes ``batch`` only).
     ``hybrid_logprob``: use logp_dense(θ) + sg(logp_rollout − logp_dense(θ_rollout)) for the
     ``exit`` log-prob. ``kl_in``: loss | reward; ``kl_on``: final (loop T, RLTT) or
-    policy (the chosen log-prob). ``tis_cap``: truncated importance-sampling cap (None = off).
+    policy (the chosen log-prob).
+    ``correction``: the rollout correction for a sampler/learner mismatch — none | token_tis |
+    seq_tis (truncated at ``correction_cap``) | token_mask | seq_mask | geo_mask (tokens or
+    sequences whose ratio leaves [``correction_lo``, ``correction_hi``] are masked).
+    ``tis_cap``: the older name of token TIS — set, it selects ``correction: token_tis`` with
+    ``correction_cap = tis_cap`` (None = off).
     ``track_kl``: keep the frozen reference (one extra no-grad forward) to log ``kl/ref``
     even with ``kl_coef = 0`` — the first sign that the policy is (not) moving.
     ``dynamic_sampling``: drop groups whose rewards are all equal and refill the batch.
@@ -37,13 +50,21 @@ class AlgorithmConfig:
     loss: PolicyLossKind = "ppo_clip"
     eps_low: Annotated[float, Range(ge=0, lt=1)] = 0.2
     eps_high: NonNegativeFloat = 0.28
+    gspo_eps_low: Annotated[float, Range(ge=0, lt=1)] = 3e-4  # GSPO's sequence-ratio clip range
+    gspo_eps_high: NonNegativeFloat = 4e-4
+    cispo_eps_high: NonNegativeFloat = 3.0  # CISPO's importance weight is capped at 1 + this
     ppo_epochs: PositiveInt = 1
     aggregation: Aggregation = "token_mean"
+    advantage: Literal[tuple(ADVANTAGE_ESTIMATORS)] = "grpo"  # type: ignore[valid-type]  # the estimator table's names
     advantage_scale: AdvantageScale = "group"
     kl_coef: NonNegativeFloat = 0.0
     kl_estimator: KlEstimator = "k3"
     kl_in: Literal["loss", "reward"] = "loss"
     kl_on: Literal["final", "policy"] = "final"
+    correction: Literal[tuple(CORRECTIONS)] = "none"  # type: ignore[valid-type]  # the correction table's names
+    correction_cap: PositiveFloat = 2.0
+    correction_lo: NonNegativeFloat = 0.5
+    correction_hi: PositiveFloat = 5.0
     tis_cap: PositiveFloat | None = None
     hybrid_logprob: bool = True
     track_kl: bool = True  # keep a frozen reference to log kl/ref even when kl_coef = 0
@@ -52,6 +73,18 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "algorithm")
+        scales = SCALES_OF.get(self.advantage, ADVANTAGE_SCALES)
+        if self.advantage_scale not in scales:
+            raise recipe_error("algorithm.advantage_scale",
+                               f"advantage {self.advantage!r} takes {' | '.join(scales)}, got {self.advantage_scale!r}")
+        if self.correction_lo >= self.correction_hi:
+            raise recipe_error("algorithm.correction_lo",
+                               f"must be below correction_hi ({self.correction_hi:g}), got {self.correction_lo:g}")
+        if self.tis_cap is not None:  # the alias of token TIS
+            if self.correction not in ("none", "token_tis"):
+                raise recipe_error("algorithm.tis_cap", f"is token TIS; it cannot be combined with correction "
+                                                        f"{self.correction!r} (use correction_cap)")
+            self.correction, self.correction_cap = "token_tis", self.tis_cap
 
 
 @dataclass
@@ -61,9 +94,15 @@ class LearnerConfig:
     ``pack_sequences``: score each micro-batch as one packed sequence — every distinct prompt
     once (not once per completion) and no padding (`rltt.model.packing`); the same function as
     the padded forward, to floating-point rounding. ``false`` runs the padded forward.
+
+    ``activation_checkpointing``: the training score forward keeps only the input of each
+    (loop step, layer) call and recomputes the layer in the backward (non-reentrant
+    `torch.utils.checkpoint`; `rltt.model.modeling`) — activation memory per position falls from
+    T·L layers' internals to T·L hidden states plus one layer, for one more forward of the block;
+    the same values and gradients (bitwise in fp32 on CPU).
     """
 
-    backend: Literal["torch", "deepspeed"] = "torch"
+    backend: Literal[tuple(BACKENDS)] = "torch"  # type: ignore[valid-type]  # the backend table's names
     zero_stage: Literal[0, 1, 2, 3] = 0
     dtype: Dtype = "fp32"
     lr: PositiveFloat = 1e-5
@@ -73,6 +112,7 @@ class LearnerConfig:
     grad_clip: NonNegativeFloat = 1.0
     micro_batch_size: PositiveInt = 8
     pack_sequences: bool = True
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, "learner")

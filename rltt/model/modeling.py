@@ -9,20 +9,30 @@
     p = survival(λ)                        # exit distribution over steps
 
 The exit policy picks, for every position, the step t* whose logits the forward returns.
+
+Activation checkpointing (``model.gradient_checkpointing_enable()``; the learner's
+``learner.activation_checkpointing``) wraps every (loop step, layer) call of B in a non-reentrant
+`torch.utils.checkpoint`: autograd keeps each call's input z (T·L per position) instead of its
+internals, and the backward recomputes one layer call at a time — every layer once more, the
+least any recompute can do, at the memory of one layer. It applies to the training forwards
+(`LoopedModel.steps`: the padded and the packed one) with gradients on and no KV cache written;
+the rollout executor's passes (`LoopedModel.step` called directly) never checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from rltt.model.loop_cache import LoopCache, attention_mask_for, ensure_slots
 from rltt.model.configuration import LoopConfig
@@ -30,6 +40,7 @@ from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.model.layers import Attend, LoopLayer, RMSNorm, RotaryEmbedding, Step, StepLinear, sdpa
 from rltt.model.packing import PackedAttend, PackedLayout
 
+logger = logging.get_logger(__name__)
 
 @dataclass
 class LoopOutput(ModelOutput):
@@ -81,7 +92,7 @@ class LoopedPreTrainedModel(PreTrainedModel):
     config_class = LoopConfig
     config: LoopConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _no_split_modules = ["LoopLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
@@ -104,6 +115,18 @@ class LoopedPreTrainedModel(PreTrainedModel):
         elif isinstance(module, LoopedModel) and module.injection_logit is not None:
             init.constant_(module.injection_logit, self.config.injection_init)
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Callable = checkpoint,
+                                    every_n_layers: int = 1):
+        """What transformers' ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=...,
+        every_n_layers=n)`` / ``gradient_checkpointing_disable()`` call: the `LoopedModel` inside
+        checkpoints layer l of every loop step when l % n == 0, with ``gradient_checkpointing_func``
+        (``checkpoint(..., use_reentrant=False)`` by default)."""
+        for module in self.modules():
+            if isinstance(module, LoopedModel):
+                module.gradient_checkpointing = enable
+                module._gradient_checkpointing_func = gradient_checkpointing_func
+                module.checkpoint_every = every_n_layers
+
 
 class LoopedModel(LoopedPreTrainedModel):
     """Embedding, shared block, per-step final norm, exit gate (no LM head)."""
@@ -118,6 +141,10 @@ class LoopedModel(LoopedPreTrainedModel):
             nn.Parameter(torch.tensor(float(config.injection_init))) if config.injection == "scalar" else None
         )
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        # activation checkpointing (module docstring), set by `_set_gradient_checkpointing`
+        self.gradient_checkpointing = False
+        self._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+        self.checkpoint_every = 1
         self.post_init()
 
     # -- one loop step and its pieces ----------------------------------------------------------
@@ -136,10 +163,14 @@ class LoopedModel(LoopedPreTrainedModel):
         first = (step == 1).view(-1, *([1] * (carry.dim() - 1)))
         return torch.where(first, embeds, mixed)
 
-    def block(self, z: torch.Tensor, cos, sin, attend: Attend, step: Step) -> torch.Tensor:
-        """s_t = B(z_t): the L shared layers."""
-        for layer in self.layers:
-            z = layer(z, cos, sin, attend, step)
+    def block(self, z: torch.Tensor, cos, sin, attend: Attend, step: Step, checkpointed: bool = False) -> torch.Tensor:
+        """s_t = B(z_t): the L shared layers; ``checkpointed``: each layer call under the
+        checkpoint function (`checkpointing`), its internals recomputed in the backward."""
+        for i, layer in enumerate(self.layers):
+            if checkpointed and i % self.checkpoint_every == 0:
+                z = self._gradient_checkpointing_func(layer, z, cos, sin, attend, step)
+            else:
+                z = layer(z, cos, sin, attend, step)
         return z
 
     def final_norm(self, s: torch.Tensor) -> torch.Tensor:
@@ -150,25 +181,34 @@ class LoopedModel(LoopedPreTrainedModel):
         return torch.sigmoid(self.exit_gate(h).squeeze(-1).float())
 
     def step(self, embeds: torch.Tensor, carry: torch.Tensor, step: Step, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+             attend: Attend, checkpointed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One loop step: inject → block → norm → carry. Returns ``(h_t, carry for step t + 1)``.
 
         The one place the loop step is written: the forward and the packed forward (through
         `steps`) and the rollout executor (`rltt.rollout.executor`: a pass is one step of many
         (row, position) items, ``step`` then one per item) all call it. The exit gate
         λ_t = ``gate(h_t)`` reads h_t like the LM head does and feeds nothing back, so callers
-        apply it: the forward once over all T steps, the executor once per pass."""
-        s = self.block(self.inject(embeds, carry, step), cos, sin, attend, step)
+        apply it: the forward once over all T steps, the executor once per pass.
+        ``checkpointed``: activation checkpointing of the block's layer calls (the forwards pass
+        `checkpointing`; the executor never does — its attention writes a cache)."""
+        s = self.block(self.inject(embeds, carry, step), cos, sin, attend, step, checkpointed)
         h = self.final_norm(s)
         return h, (h if self.config.carry_normed_state else s)
 
+    def checkpointing(self) -> bool:
+        """Whether a forward now checkpoints its layer calls: switched on (`gradient_checkpointing`),
+        in training mode and with gradients enabled — never in eval, no-grad or rollout passes."""
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
     def steps(self, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              attend_at: Callable[[int], Attend]) -> Iterator[torch.Tensor]:
+              attend_at: Callable[[int], Attend], checkpointed: bool = False) -> Iterator[torch.Tensor]:
         """h_1, …, h_T over every position; ``attend_at(t)`` is step t's attention. A generator: a
-        caller's per-step readout (the packed forward's ``h[0]``) is taken as each step ends."""
+        caller's per-step readout (the packed forward's ``h[0]``) is taken as each step ends.
+        ``checkpointed``: activation checkpointing (the attention must not write a cache, which
+        the recompute would write again)."""
         carry = embeds
         for t in range(1, self.config.num_loops + 1):
-            h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t))
+            h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t), checkpointed)
             yield h
 
     # -- the forward -------------------------------------------------------------------------
@@ -191,7 +231,9 @@ class LoopedModel(LoopedPreTrainedModel):
         def attend_at(t: int) -> CacheAttend:
             return CacheAttend(past_key_values, t, cfg.num_hidden_layers, mask, is_causal, scale)
 
-        step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at)))
+        # a KV cache being written is never checkpointed (`LoopedForCausalLM` turns it off instead)
+        checkpointed = self.checkpointing() and past_key_values is None
+        step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at, checkpointed)))
         return step_hidden, self.gate(step_hidden)
 
     def packed(self, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +242,7 @@ class LoopedModel(LoopedPreTrainedModel):
         e = self.embed_tokens(layout.input_ids)[None]  # (1, N, d)
         cos, sin = self.rotary_emb(layout.positions[None], e.dtype)
         attend = PackedAttend(layout, self.config.head_dim**-0.5, e.dtype)
-        step_hidden = torch.stack([h[0] for h in self.steps(e, cos, sin, lambda t: attend)])
+        step_hidden = torch.stack([h[0] for h in self.steps(e, cos, sin, lambda t: attend, self.checkpointing())])
         return step_hidden, self.gate(step_hidden)
 
 
@@ -264,6 +306,10 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
             return self.score(input_ids, attention_mask, score_mask, temperature, pack)
         cfg = self.config
         use_cache = cfg.use_cache if use_cache is None else use_cache
+        if use_cache and self.model.checkpointing():
+            logger.warning_once("use_cache=True is incompatible with activation checkpointing: "
+                                "setting use_cache=False")
+            use_cache = False
         if use_cache:
             past_key_values = ensure_slots(past_key_values if past_key_values is not None else LoopCache(),
                                            cfg.num_loops * cfg.num_hidden_layers)

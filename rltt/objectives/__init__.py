@@ -2,7 +2,10 @@
 
 - :mod:`rltt.objectives.lm`: exit distribution, pretraining and smoothed-exit LM losses
 - :mod:`rltt.objectives.logprob`: policy log-prob definitions and the hybrid log-prob
-- :mod:`rltt.objectives.rl`: group advantages, PPO-clip / REINFORCE losses, aggregation, KL
+- :mod:`rltt.objectives.advantages`: the advantage estimators (grpo, rloo, reinforce_pp)
+- :mod:`rltt.objectives.policy_losses`: the policy losses (ppo_clip, reinforce, gspo, cispo)
+- :mod:`rltt.objectives.corrections`: the rollout corrections (truncated IS, masks)
+- :mod:`rltt.objectives.rl`: the policy loss composed from those tables, aggregation, KL
 """
 
 from rltt.objectives.lm import (
@@ -21,6 +24,9 @@ from rltt.objectives.logprob import (
     loop_weights,
     policy_logprob,
 )
+from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS
+from rltt.objectives.corrections import CORRECTIONS, CorrectionParams, correction_weights
+from rltt.objectives.policy_losses import POLICY_LOSSES
 from rltt.objectives.rl import (
     ADVANTAGE_SCALES,
     AGGREGATIONS,
@@ -36,16 +42,21 @@ from rltt.objectives.rl import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
+    "CORRECTIONS",
     "KL_ESTIMATORS",
     "OMEGAS",
     "POLICY_LOGPROB_KINDS",
+    "POLICY_LOSSES",
     "POLICY_LOSS_KINDS",
+    "CorrectionParams",
     "GroupAdvantages",
     "LoopedLMLoss",
     "PolicyLoss",
     "aggregate",
+    "correction_weights",
     "exit_distribution",
     "exit_entropy",
     "group_advantages",

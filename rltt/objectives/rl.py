@@ -4,6 +4,10 @@ Batch layout: B = n_groups · G rows, the G completions of one prompt are consec
 ``[g*G : (g+1)*G]``. Per-token tensors are (B, S) over completion tokens with a (B, S) mask
 (true/1 = a real completion token). Log-probs are whatever :func:`policy_logprob` returned
 for the chosen definition (for RLTT's KL: the final-loop log-prob).
+
+The menus are tables, one module each: advantage estimators
+(:mod:`rltt.objectives.advantages`), policy losses (:mod:`rltt.objectives.policy_losses`) and
+rollout corrections (:mod:`rltt.objectives.corrections`); this module composes them.
 """
 
 from __future__ import annotations
@@ -14,14 +18,22 @@ from typing import Literal, get_args
 import torch
 
 from rltt.errors import RlttError
+from rltt.objectives.advantages import (ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, AdvantageScale, GroupAdvantages,
+                                        group_advantages, uniform_groups)
+from rltt.objectives.corrections import CORRECTIONS, CorrectionParams, correction_weights
+from rltt.objectives.policy_losses import POLICY_LOSSES, PolicyLossKind
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
+    "CORRECTIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSS_KINDS",
+    "AdvantageScale",
     "GroupAdvantages",
     "PolicyLoss",
+    "PolicyLossKind",
     "aggregate",
     "group_advantages",
     "kl_estimate",
@@ -29,12 +41,9 @@ __all__ = [
     "uniform_groups",
 ]
 
-AdvantageScale = Literal["group", "batch", "none"]
-PolicyLossKind = Literal["ppo_clip", "reinforce"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KlEstimator = Literal["k1", "k2", "k3"]
-ADVANTAGE_SCALES = get_args(AdvantageScale)
-POLICY_LOSS_KINDS = get_args(PolicyLossKind)
+POLICY_LOSS_KINDS = tuple(POLICY_LOSSES)
 AGGREGATIONS = get_args(Aggregation)
 KL_ESTIMATORS = get_args(KlEstimator)
 
@@ -42,84 +51,6 @@ KL_ESTIMATORS = get_args(KlEstimator)
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise RlttError(f"{field}: unknown value {value!r}; use one of {' | '.join(allowed)}")
-
-
-# --------------------------------------------------------------------------- groups
-
-
-def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(B,) rewards → (n_groups, G) view, validating the layout."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise RlttError(f"group_size must be a positive integer, got {group_size!r}")
-    if rewards.dim() != 1:
-        raise RlttError(f"rewards must be a 1-D tensor (B,), got shape {tuple(rewards.shape)}")
-    if rewards.shape[0] % group_size != 0:
-        raise RlttError(f"batch of {rewards.shape[0]} rewards is not a whole number of groups of group_size={group_size}")
-    return rewards.view(-1, group_size)
-
-
-def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Bool (n_groups,): true where every reward of the group is exactly equal.
-
-    Such groups have zero group-relative advantage and carry no learning signal.
-    """
-    grouped = _grouped(rewards, group_size)
-    return grouped.amax(dim=1) == grouped.amin(dim=1)
-
-
-@dataclass
-class GroupAdvantages:
-    """Result of :func:`group_advantages` (all detached).
-
-    ``advantages`` (B,), ``uniform`` (n_groups,) bool, ``group_mean`` / ``group_std``
-    (n_groups,) the per-group reward mean and sample std (before δ).
-    """
-
-    advantages: torch.Tensor
-    uniform: torch.Tensor
-    group_mean: torch.Tensor
-    group_std: torch.Tensor
-
-    @property
-    def uniform_fraction(self) -> float:
-        """Fraction of groups whose rewards are all equal (telemetry)."""
-        return float(self.uniform.float().mean()) if self.uniform.numel() else 0.0
-
-
-def group_advantages(
-    rewards: torch.Tensor,
-    group_size: int,
-    scale: str = "group",
-    eps: float = 1e-6,
-) -> GroupAdvantages:
-    """Group-relative advantages (GRPO)::
-
-        A_i = (r_i − mean_g r) / (std_g r + δ)      scale="group"
-        A_i = (r_i − mean_g r) / (std_B r + δ)      scale="batch"   (std over the whole batch)
-        A_i =  r_i − mean_g r                       scale="none"    (Dr. GRPO)
-
-    with δ = ``eps`` and std the sample (Bessel-corrected) standard deviation, as in TRL and
-    veRL (0 for a single element). Groups whose rewards are all equal get exactly zero
-    advantage (not a rounding residue of r − mean).
-    """
-    _choice("advantage scale", scale, ADVANTAGE_SCALES)
-    if not rewards.dtype.is_floating_point:
-        rewards = rewards.float()
-    rewards = rewards.detach()
-    grouped = _grouped(rewards, group_size)
-    uniform = grouped.amax(dim=1) == grouped.amin(dim=1)
-    mean = grouped.mean(dim=1)
-    std = grouped.std(dim=1) if group_size > 1 else torch.zeros_like(mean)
-    centred = grouped - mean.unsqueeze(1)
-    if scale == "group":
-        adv = centred / (std.unsqueeze(1) + eps)
-    elif scale == "batch":
-        batch_std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
-        adv = centred / (batch_std + eps)
-    else:
-        adv = centred
-    adv = torch.where(uniform.unsqueeze(1), torch.zeros_like(adv), adv)
-    return GroupAdvantages(advantages=adv.flatten(), uniform=uniform, group_mean=mean, group_std=std)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -169,11 +100,16 @@ def aggregate(
 class PolicyLoss:
     """Result of :func:`policy_loss`. ``loss`` carries the gradient; the rest is detached.
 
-    Fractions are over unmasked tokens. ``clip_low_fraction``: A < 0 and ratio < 1 − ε_low;
-    ``clip_high_fraction``: A > 0 and ratio > 1 + ε_high (the tokens whose gradient PPO-clip
-    zeroes); ``clip_fraction`` their sum. Ratio stats are of exp(logp − old_logp);
-    ``approx_kl`` is the k3 estimate of KL(old ‖ new): mean of (ratio − 1) − log ratio.
-    ``tis_weight_mean`` / ``tis_capped_fraction``: the truncated-IS weights (1 / 0 without TIS).
+    Fractions are over unmasked tokens. ``clip_low_fraction`` / ``clip_high_fraction``: the
+    tokens whose gradient the loss's clip removed (PPO-clip: A < 0 and ratio < 1 − ε_low, A > 0
+    and ratio > 1 + ε_high; GSPO: the same on the sequence ratio, counted per token; CISPO: the
+    tokens whose weight was capped — their gradient is kept); ``clip_fraction`` their sum. Ratio
+    stats are of the token ratio exp(logp − old_logp); ``approx_kl`` is the k3 estimate of
+    KL(old ‖ new): mean of (ratio − 1) − log ratio.
+    ``tis_weight_mean`` / ``tis_capped_fraction``: the rollout-correction weights over the tokens
+    it kept (1) and the share a truncation capped (0) — 1 / 0 without a correction.
+    ``correction_*``: sums and the max over this batch for the learner to combine exactly across
+    micro-batches: completion tokens, tokens a mask rejected, Σ weight over the kept tokens, max weight.
     """
 
     loss: torch.Tensor
@@ -186,6 +122,10 @@ class PolicyLoss:
     approx_kl: torch.Tensor
     tis_weight_mean: torch.Tensor
     tis_capped_fraction: torch.Tensor
+    correction_tokens: torch.Tensor
+    correction_masked: torch.Tensor
+    correction_weight_sum: torch.Tensor
+    correction_weight_max: torch.Tensor
 
     def as_dict(self) -> dict[str, float]:
         """Plain Python floats for logging."""
@@ -208,41 +148,41 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     kind: str = "ppo_clip",
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
     agg: str = "token_mean",
     max_len: int | None = None,
     tis_cap: float | None = None,
     behaviour_logp: torch.Tensor | None = None,
+    correction: str = "none",
+    correction_params: CorrectionParams | None = None,
+    rollout_logp: torch.Tensor | None = None,
 ) -> PolicyLoss:
-    """Policy-gradient loss over completion tokens.
+    """Policy-gradient loss over completion tokens: ``aggregate(c · ℓ, mask, agg, max_len)``.
 
-    With ratio ρ = exp(logp − old_logp) and A the sequence advantage broadcast to its tokens:
+    ℓ is the per-token loss of ``kind`` (:data:`rltt.objectives.policy_losses.POLICY_LOSSES`:
+    ``ppo_clip``, ``reinforce``, ``gspo``, ``cispo``) with the ratio ρ = exp(logp − old_logp) and
+    A the sequence advantage broadcast to its tokens; ``eps_low`` / ``eps_high`` are that loss's
+    clip range (None: its default — PPO-clip 0.2 / 0.28, GSPO 3e-4 / 4e-4, CISPO none / 3).
+    ``reinforce`` needs no ``old_logp`` (given, it only feeds the ratio statistics).
 
-    - ``ppo_clip`` (clip-higher, DAPO): ``ℓ = −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A)``
-    - ``reinforce`` (on-policy, RLTT's form): ``ℓ = −A · logp`` (``old_logp`` may be None;
-      given, it only feeds the ratio statistics)
-
-    Truncated importance sampling (sampler/learner mismatch): with ``tis_cap`` set, each
-    token's ℓ is multiplied by ``sg(min(exp(old_logp − behaviour_logp), tis_cap))``, where
-    ``behaviour_logp`` is the sampler's log-prob and ``old_logp`` the learner's at the rollout
-    weights (for ``reinforce`` without old_logp: the current logp, detached).
-
-    The loss is ``aggregate(ℓ, mask, agg, max_len)``. ``advantages`` is (B,) or per-token (B, S).
+    c is the rollout ``correction``'s stop-gradient weight
+    (:data:`rltt.objectives.corrections.CORRECTIONS`) from ``rollout_logp`` — the learner's
+    log-prob at the rollout weights (default: ``old_logp``, for ``reinforce`` without it the
+    current logp, detached) — and ``behaviour_logp``, the sampler's. ``tis_cap`` is the alias of
+    ``correction="token_tis"`` with that cap. Tokens a correction masks contribute exactly
+    nothing. ``advantages`` is (B,) or per-token (B, S).
     """
     _choice("policy loss kind", kind, POLICY_LOSS_KINDS)
     _choice("loss aggregation", agg, AGGREGATIONS)
+    _choice("rollout correction", correction, tuple(CORRECTIONS))
+    spec = POLICY_LOSSES[kind]
     if logp.dim() != 2 or mask.shape != logp.shape:
         raise RlttError(f"policy_loss: logp {tuple(logp.shape)} and mask {tuple(mask.shape)} must both be (B, S)")
     if old_logp is not None and old_logp.shape != logp.shape:
         raise RlttError(f"policy_loss: old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}")
-    if kind == "ppo_clip":
-        if old_logp is None:
-            raise RlttError("policy loss kind 'ppo_clip' needs old_logp")
-        if not 0.0 <= eps_low < 1.0:
-            raise RlttError(f"eps_low must be in [0, 1), got {eps_low}")
-        if eps_high < 0.0:
-            raise RlttError(f"eps_high must be >= 0, got {eps_high}")
+    if spec.needs_old and old_logp is None:
+        raise RlttError(f"policy loss kind {kind!r} needs old_logp")
     if advantages.shape == logp.shape[:1]:
         adv = advantages.detach().unsqueeze(-1)
     elif advantages.shape == logp.shape:
@@ -253,44 +193,51 @@ def policy_loss(
     keep = mask.bool()
 
     anchor = logp.detach() if old_logp is None else old_logp.detach()
-    log_ratio = logp - anchor
-    ratio = torch.exp(log_ratio)
-    if kind == "ppo_clip":
-        clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-        per_token = torch.maximum(-adv * ratio, -adv * clipped)
-    else:
-        per_token = -adv * logp
+    low_eps = spec.defaults[0] if eps_low is None else eps_low
+    high_eps = spec.defaults[1] if eps_high is None else eps_high
+    terms = spec.fn(logp, anchor, adv, keep, low_eps, high_eps)
+    per_token = terms.per_token
 
-    tis_weight = None
+    params = correction_params or CorrectionParams()
     if tis_cap is not None:
         if tis_cap <= 0:
             raise RlttError(f"tis_cap must be positive, got {tis_cap}")
+        if correction not in ("none", "token_tis"):
+            raise RlttError(f"tis_cap is the token_tis correction; it cannot be combined with correction {correction!r}")
+        correction, params = "token_tis", CorrectionParams(tis_cap, params.lo, params.hi)
+    weights = None
+    if correction != "none":
         if behaviour_logp is None:
-            raise RlttError("tis_cap is set but behaviour_logp (the sampler's log-probs) is missing")
+            raise RlttError(f"rollout correction {correction!r} needs behaviour_logp (the sampler's log-probs)")
         if behaviour_logp.shape != logp.shape:
             raise RlttError(f"policy_loss: behaviour_logp shape {tuple(behaviour_logp.shape)} != logp shape {tuple(logp.shape)}")
-        tis_weight = torch.exp(anchor - behaviour_logp.detach()).clamp(max=tis_cap)
-        per_token = per_token * tis_weight
+        learner = anchor if rollout_logp is None else rollout_logp.detach()
+        weights = correction_weights(correction, learner, behaviour_logp, keep, params)
+        # a masked token contributes nothing, even where its ℓ is not finite
+        per_token = torch.where(weights.masked, torch.zeros_like(per_token), per_token * weights.weight)
 
     loss = aggregate(per_token, mask, agg, max_len)
 
     with torch.no_grad():
         count = keep.sum().clamp_min(1).to(logp.dtype)
-        ratio_d = ratio.detach()
-        if kind == "ppo_clip":
-            low = keep & (adv < 0) & (ratio_d < 1.0 - eps_low)
-            high = keep & (adv > 0) & (ratio_d > 1.0 + eps_high)
-        else:
-            low = high = torch.zeros_like(keep)
+        log_ratio = (logp - anchor).detach()
+        ratio_d = torch.exp(log_ratio)
+        low, high = terms.clipped_low & keep, terms.clipped_high & keep
         low_frac, high_frac = low.sum() / count, high.sum() / count
         r_mean, r_max, r_min = _masked_stats(ratio_d, keep)
-        approx_kl = torch.where(keep, (ratio_d - 1.0) - log_ratio.detach(), torch.zeros_like(ratio_d)).sum() / count
-        if tis_weight is None:
-            tis_mean = torch.ones((), dtype=logp.dtype, device=logp.device)
-            tis_capped = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        approx_kl = torch.where(keep, (ratio_d - 1.0) - log_ratio, torch.zeros_like(ratio_d)).sum() / count
+        tokens = keep.sum().to(logp.dtype)
+        if weights is None:
+            one = torch.ones((), dtype=logp.dtype, device=logp.device)
+            tis_mean, tis_capped, masked, w_sum, w_max = one, 0 * one, 0 * one, tokens, one
         else:
-            tis_mean = torch.where(keep, tis_weight, torch.zeros_like(tis_weight)).sum() / count
-            tis_capped = (keep & (tis_weight >= tis_cap)).sum() / count
+            kept = keep & ~weights.masked
+            w = torch.where(kept, weights.weight, torch.zeros_like(weights.weight))
+            masked = weights.masked.sum().to(logp.dtype)
+            w_sum = w.sum().to(logp.dtype)
+            tis_mean = w_sum / kept.sum().clamp_min(1).to(logp.dtype)
+            tis_capped = (weights.capped & keep).sum() / count
+            w_max = w.max().to(logp.dtype) if bool(kept.any()) else torch.zeros((), dtype=logp.dtype, device=logp.device)
         return PolicyLoss(
             loss=loss,
             clip_fraction=low_frac + high_frac,
@@ -302,6 +249,10 @@ def policy_loss(
             approx_kl=approx_kl,
             tis_weight_mean=tis_mean,
             tis_capped_fraction=tis_capped,
+            correction_tokens=tokens,
+            correction_masked=masked,
+            correction_weight_sum=w_sum,
+            correction_weight_max=w_max,
         )
 
 

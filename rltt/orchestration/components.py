@@ -1,8 +1,9 @@
 """The factories that build a run's rollout engine and learner from its recipe.
 
-The loop (and, next, a Ray driver) builds its parts here and then talks to them only through
-`RolloutEngine` and `Learner`; another engine (vLLM) or learner (a Ray learner group) plugs in
-by adding a branch to these factories (the engines themselves: `rltt.orchestration.engines`).
+A run's orchestration (`rltt.orchestration.parts`) builds its parts here — in this process or
+in a Ray actor — and the loop then talks to them only through `RolloutEngine` and
+`LearnerAPI`. Which engine and which learner backend are table entries
+(`rltt.orchestration.engines.ENGINES`, `rltt.learner.backends.BACKENDS`), never names checked here.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import copy
 import torch
 
 from rltt.learner import Learner
+from rltt.learner.backends import BACKENDS
+from rltt.orchestration.engines import ENGINES, make_engine as engine_for_section
 from rltt.orchestration.train_recipe import TrainRecipe
-from rltt.rollout import NativeEngine, RolloutEngine
-from rltt.orchestration.engines import make_engine as engine_for_section
+from rltt.rollout import RolloutEngine
 
 
 def engine_dtype(recipe: TrainRecipe) -> torch.dtype:
@@ -24,23 +26,23 @@ def engine_dtype(recipe: TrainRecipe) -> torch.dtype:
 
 
 def shares_model(recipe: TrainRecipe) -> bool:
-    """The torch learner trains the model in place; when it keeps the model's dtype the native
-    engine samples with the very same tensors (its weight sync copies nothing)."""
-    return (recipe.rollout.engine == "native" and recipe.learner.backend == "torch"
+    """A backend that trains the model in place, keeping the model's dtype, and an engine that
+    can sample with the learner's module: the engine samples with the very same tensors (its
+    weight sync copies nothing)."""
+    return (ENGINES[recipe.rollout.engine].in_place and BACKENDS[recipe.learner.backend].in_place
             and recipe.learner.dtype == recipe.model.dtype)
 
 
 def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     """The rollout engine of ``recipe.rollout.engine`` for ``model`` (a `LoopedForCausalLM`).
 
-    Call it before `make_learner`: other backends than an in-place torch learner need a separate
-    copy, taken before DeepSpeed wraps (and under ZeRO-3 partitions) the learner's model."""
+    Call it before `make_learner`: other backends than an in-place learner need a separate
+    copy, taken before DeepSpeed wraps (and under ZeRO-3 partitions) the learner's model; an
+    engine that loads its own copy (vLLM) saves that copy once for its loader."""
     if shares_model(recipe):
-        return NativeEngine(model)
+        return engine_for_section(recipe.rollout, model)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
-    if recipe.rollout.engine == "native":
-        return NativeEngine(copied)
-    return engine_for_section(recipe.rollout, copied)  # vLLM: the copy is saved once for its loader
+    return engine_for_section(recipe.rollout, copied)
 
 
 def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1) -> Learner:

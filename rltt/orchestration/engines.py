@@ -1,20 +1,25 @@
-"""`make_engine`: the rollout engine a recipe's ``rollout`` section asks for.
+"""The rollout engines a recipe can name: a table ``{name: EngineSpec}``.
 
-``rollout.engine: native`` → `NativeEngine` on the given `LoopedForCausalLM` (in place: the
-engine and the learner may share it); ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the
-model (saved once for vLLM) or a checkpoint directory. vLLM is imported only for ``vllm``; without
-it the call is a one-line error with the install command.
+``rollout.engine``'s allowed values are this table's keys (`rltt.orchestration.train_recipe`),
+so a new engine is one entry here: how to build it, which ``rollout.schedule`` values it runs,
+and whether it can sample with the learner's own module in place. Whether its rollouts can be
+replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never of its name.
+
+- ``native`` → `NativeEngine` on the given `LoopedForCausalLM` (in place: the engine and the
+  learner may share it); every schedule.
+- ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
+  checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
+  the call is a one-line error with the install command.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, is_dataclass
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any, Callable, Mapping
 
 from rltt.config import recipe_error
 from rltt.rollout.engine import RolloutEngine
-
-ENGINES = ("native", "vllm")
+from rltt.rollout.params import SCHEDULES
 
 
 def _get(section: Any, key: str, default: Any = None) -> Any:
@@ -33,27 +38,59 @@ def vllm_options(section: Any) -> dict[str, Any]:
     return dict(options)
 
 
+def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
+    from rltt.rollout.native import NativeEngine
+
+    if isinstance(model_or_dir, RolloutEngine):
+        return model_or_dir
+    if not hasattr(model_or_dir, "config"):
+        from rltt.model.load import load_looped
+
+        model_or_dir = load_looped(model_or_dir)
+    return NativeEngine(model_or_dir)
+
+
+def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
+    from rltt.vllm.vllm_engine import VllmEngine, require_vllm
+
+    require_vllm()
+    return VllmEngine(model_or_dir, **{**vllm_options(rollout), **overrides})
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine a recipe can name. ``build(rollout_section, model_or_dir, overrides)``;
+    ``schedules``: the ``rollout.schedule`` values it runs (``why`` says why others not);
+    ``in_place``: it can sample with the very module a learner trains (no copy, no weight sync)."""
+
+    build: Callable[[Any, Any, dict], RolloutEngine]
+    schedules: tuple[str, ...]
+    in_place: bool
+    why: str = ""
+
+    def check_schedule(self, name: str, schedule: str) -> None:
+        if schedule not in self.schedules:
+            raise recipe_error("rollout.schedule", f"{self.why}, so rollout.engine={name} needs rollout.schedule="
+                                                   f"{' | '.join(self.schedules)}, got {schedule!r}")
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "native": EngineSpec(_native, schedules=SCHEDULES, in_place=True),
+    "vllm": EngineSpec(_vllm, schedules=("dense",), in_place=False, why="vLLM computes every step of every token"),
+}
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The table entry of ``rollout.engine`` (a one-line error naming the key for an unknown name)."""
+    if name not in ENGINES:
+        raise recipe_error("rollout.engine", f"must be one of {' | '.join(ENGINES)}, got {name!r}")
+    return ENGINES[name]
+
+
 def make_engine(rollout: Any, model_or_dir: Any, **overrides) -> RolloutEngine:
     """The engine of a ``rollout`` recipe section (`RolloutSection` or a mapping with ``engine``
     and, for vLLM, ``vllm``). ``overrides`` go to the vLLM engine on top of ``rollout.vllm``."""
-    engine = _get(rollout, "engine", "native")
-    if engine == "native":
-        from rltt.rollout.native import NativeEngine
-
-        if isinstance(model_or_dir, RolloutEngine):
-            return model_or_dir
-        if not hasattr(model_or_dir, "config"):
-            from rltt.model.load import load_looped
-
-            model_or_dir = load_looped(model_or_dir)
-        return NativeEngine(model_or_dir)
-    if engine == "vllm":
-        from rltt.vllm.engine import VllmEngine, require_vllm
-
-        require_vllm()
-        schedule = _get(rollout, "schedule", "dense")
-        if schedule != "dense":
-            raise recipe_error("rollout.schedule", f"vLLM computes every step of every token, so rollout.engine=vllm "
-                                                   f"needs rollout.schedule=dense, got {schedule!r}")
-        return VllmEngine(model_or_dir, **{**vllm_options(rollout), **overrides})
-    raise recipe_error("rollout.engine", f"must be one of {' | '.join(ENGINES)}, got {engine!r}")
+    name = _get(rollout, "engine", "native")
+    spec = engine_spec(name)
+    spec.check_schedule(name, _get(rollout, "schedule", "dense"))
+    return spec.build(rollout, model_or_dir, overrides)

@@ -85,8 +85,10 @@ class ScoredGroups:
 
 
 def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Tensor | None = None,
-                 batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None) -> ScoredGroups:
-    """The learner rows of ``scored`` with their group advantages, computed here once.
+                 batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None, *,
+                 estimator: str = "grpo") -> ScoredGroups:
+    """The learner rows of ``scored`` with their advantages (``estimator`` of
+    `rltt.objectives.ADVANTAGE_ESTIMATORS`, normalised by ``scale``), computed here once.
 
     ``penalty`` (R,): subtracted from the rewards the advantages are computed from (the KL in
     the reward); the uniform-group flags stay those of the task rewards, so dynamic sampling
@@ -95,7 +97,7 @@ def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Ten
     G = scored.group_size
     rewards = scored.rewards.float()  # advantages in fp32, like the learner's losses
     shaped = rewards if penalty is None else rewards - penalty.float()
-    adv = group_advantages(shaped, G, scale)
+    adv = group_advantages(shaped, G, scale, estimator=estimator)
     uniform = adv.uniform if penalty is None else uniform_groups(rewards, G)
     if batch is None:
         batch = LearnerBatch.from_rollout(scored.rollout, adv.advantages)

@@ -116,3 +116,25 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: Reward
         result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
         result.tokens += int(mask.sum())
     return result
+
+
+class HeldOutEvaluator:
+    """The run's held-out evaluation: the solve rate of the rollout policy on ``tasks``, with the
+    recipe's evaluation settings. With several ranks each evaluates its share of the task chunks
+    (every rank holds the same weights) and the sums are reduced: the same numbers as one
+    process, in 1/world of the time. A collective: every rank calls it."""
+
+    def __init__(self, recipe, engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, ranks,
+                 thinking=None):
+        self.recipe, self.engine, self.tasks, self.tokenizer = recipe, engine, tasks, tokenizer
+        self.runner, self.ranks, self.thinking = runner, ranks, thinking
+
+    def __call__(self) -> dict[str, float]:
+        r = self.recipe
+        part = evaluate(self.engine, self.tasks, self.tokenizer, self.runner, r.train.eval_samples,
+                        r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
+                        exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule,
+                        shard=(self.ranks.rank, self.ranks.world), thinking=self.thinking)
+        result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
+        return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
+                "eval/exit_step_mean": result.mean_exit_step}

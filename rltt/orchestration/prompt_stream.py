@@ -53,15 +53,55 @@ def check_prompt_lengths(records, encode, template, limit: int, key: str, what: 
                             f"{n} tokens; {what}")
 
 
+class PromptLimit:
+    """``data.max_prompt_tokens`` (the prompt length a run's memory plan budgets for): a longer
+    prompt is a one-line error naming the key, the source and the record — or, with
+    ``data.drop_long_prompts``, left out and counted in ``dropped``."""
+
+    KEY = "data.max_prompt_tokens"
+
+    def __init__(self, max_tokens: int | None = None, drop: bool = False, source: str = ""):
+        self.max_tokens, self.drop, self.source = max_tokens, drop, source
+        self.dropped = 0
+
+    def keep(self, task: Task, index: int) -> bool:
+        """Whether ``task`` (record ``index`` of the source) fits; raises when it does not and
+        dropping is off."""
+        if self.max_tokens is None or len(task.prompt_ids) <= self.max_tokens:
+            return True
+        if not self.drop:
+            raise RlttError(f"{self.KEY}: the prompt of record {task.id!r} (index {index}) of {self.source} has "
+                            f"{len(task.prompt_ids)} tokens > {self.max_tokens}; raise {self.KEY} or set "
+                            f"data.drop_long_prompts=true")
+        self.dropped += 1
+        return False
+
+
 class PromptStream:
-    """Prompt batches in a deterministic, resumable order (shuffled per epoch by ``seed``)."""
+    """Prompt batches in a deterministic, resumable order (shuffled per epoch by ``seed``).
+
+    `limit_prompts` applies ``data.max_prompt_tokens`` (a `PromptLimit`): a file source is checked
+    (or filtered) in full before any step, a synthetic one as its prompts are drawn (a dropped
+    one is skipped, so the stream stays a function of its position)."""
 
     def __init__(self, source: str, encode, template, split: str = "train", limit: int | None = None,
                  seed: int = 0):
         self.source, self.encode, self.template, self.seed = source, encode, template, seed
+        self.prompt_limit = PromptLimit()
         self.records = load_records(source, split, limit, seed)
         self.preset = source.partition(":")[2] or "quickstart"
-        self.position = 0  # prompts handed out so far
+        self.position = 0  # prompts handed out (or, synthetic, drawn) so far
+
+    def limit_prompts(self, prompt_limit: PromptLimit) -> None:
+        """Apply ``data.max_prompt_tokens`` from now on: a file source is checked (or filtered)
+        in full at once, a synthetic one as its prompts are drawn."""
+        self.prompt_limit = prompt_limit
+        if self.records is not None and prompt_limit.max_tokens is not None:
+            self.records = [r for i, r in enumerate(self.records)
+                            if prompt_limit.keep(make_task(r, self.encode, self.template), i)]
+            if not self.records:
+                raise RlttError(f"{PromptLimit.KEY}: every prompt of {self.source} is longer than "
+                                f"{prompt_limit.max_tokens} tokens")
 
     def _record(self, index: int) -> dict:
         if self.records is None:
@@ -77,8 +117,12 @@ class PromptStream:
             check_prompt_lengths(self.records, self.encode, self.template, limit, key, what)
 
     def next(self, n: int) -> list[Task]:
-        tasks = [make_task(self._record(self.position + i), self.encode, self.template) for i in range(n)]
-        self.position += n
+        tasks = []
+        while len(tasks) < n:
+            task = make_task(self._record(self.position), self.encode, self.template)
+            if self.records is not None or self.prompt_limit.keep(task, self.position):  # files: checked up front
+                tasks.append(task)
+            self.position += 1
         return tasks
 
     def state_dict(self) -> dict:

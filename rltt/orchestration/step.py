@@ -134,7 +134,8 @@ class TrainingStep:
         if algo.kl_in == "reward" and algo.kl_coef > 0:
             batch = LearnerBatch.from_rollout(rollout)
             penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
-        groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds)
+        groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds,
+                              estimator=algo.advantage)
         return scored, groups
 
     def _empty(self) -> ScoredGroups:
@@ -196,3 +197,11 @@ class TrainingStep:
         metrics[m.TIME_STEP] = time.perf_counter() - t0
         metrics[m.MEMORY_PEAK_GB] = self.ranks.reduce({"gb": peak_memory_gb()}, "max")["gb"]
         return metrics
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep of the step itself beyond the prompt stream (tensors and
+        plain data): nothing for this step; a step that samples ahead keeps those rollouts."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` kept (``state`` is the whole loop state of the checkpoint)."""

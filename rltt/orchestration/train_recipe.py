@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
+from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.ray.orchestration_section import OrchestrationSection
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
@@ -46,12 +47,17 @@ class ModelSection(ModelPlacement):
 class PromptDataSection(DataSection):
     """``source``: ``synthetic[:PRESET]``, a GSM8K-format JSONL/Parquet file or directory, a curated
     file from ``rltt curate``, or a hub id (``openai/gsm8k``). ``eval_source`` likewise (default:
-    held-out synthetic problems, or the source's ``test`` split); ``limit``: first N prompts."""
+    held-out synthetic problems, or the source's ``test`` split); ``limit``: first N prompts.
+    ``max_prompt_tokens``: the longest prompt, in tokens, a run budgets memory for (`rltt plan`
+    plans prompt + completion positions per row); ``drop_long_prompts``: drop longer prompts
+    instead of failing on them."""
 
     eval_source: str | None = None
     eval_split: str = "test"
     eval_size: PositiveInt = 128
     limit: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt = 512  # prompt length the memory plan (`rltt plan`) budgets for, in tokens
+    drop_long_prompts: bool = False  # drop prompts longer than max_prompt_tokens (else they are an error)
     prompt_format: Literal["plain", "chat"] = "plain"  # plain (prompt_template) | chat (the tokenizer's chat template)
     system_prompt: str | None = None  # chat: an optional system message
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: template options
@@ -123,7 +129,7 @@ class VllmSection:
     multiprocess: bool = False
 
     def engine_options(self) -> dict:
-        """Keyword arguments of `rltt.vllm.engine.VllmEngine`."""
+        """Keyword arguments of `rltt.vllm.vllm_engine.VllmEngine`."""
         from dataclasses import asdict
 
         return asdict(self)
@@ -135,9 +141,11 @@ class RolloutSection:
     ``temperature`` > 0 (RL samples), ``top_p`` in (0, 1], ``top_k`` (0 = off); ``exit_policy``
     ``final | fixed:k | threshold:q | sample`` (null: the model's own).
     ``engine``: ``native`` (rltt's PyTorch engine: dense or deferred schedule, bitwise replay) or
-    ``vllm`` (vLLM: paged KV cache, continuous batching; dense schedule only; ``rollout.vllm``)."""
+    ``vllm`` (vLLM: paged KV cache, continuous batching; dense schedule only; ``rollout.vllm``).
+    ``chunk_rows``: rows the native engine samples at once — ``auto`` (the largest multiple of
+    ``group_size`` whose KV fits the device, `rltt.planning`) or N, a multiple of ``group_size``."""
 
-    engine: Literal["native", "vllm"] = "native"
+    engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
     group_size: Annotated[int, Range(ge=2, why="group size 1 can never learn: every group is uniform, "
                                                "so every advantage is 0")] = 8
@@ -150,16 +158,18 @@ class RolloutSection:
     stop_strings: list[str] = field(default_factory=list)
     thinking: ThinkingSection = field(default_factory=ThinkingSection)
     vllm: VllmSection = field(default_factory=VllmSection)
+    chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
 
     def validate(self) -> None:
+        if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):
+            raise recipe_error("rollout.chunk_rows", f"must be auto or a positive multiple of rollout.group_size="
+                                                     f"{self.group_size}, got {self.chunk_rows}")
         if any(not s for s in self.stop_strings):
             raise recipe_error("rollout.stop_strings", "must be non-empty strings")
         if self.thinking.budget > self.max_new_tokens:
             raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
                                                           f"got {self.thinking.budget}")
-        if self.engine == "vllm" and self.schedule != "dense":
-            raise recipe_error("rollout.schedule", f"vLLM computes every step of every token, so rollout.engine=vllm "
-                                                   f"needs rollout.schedule=dense, got {self.schedule!r}")
+        ENGINES[self.engine].check_schedule(self.engine, self.schedule)
 
 
 @dataclass

@@ -17,13 +17,16 @@ distributed): each rank samples its share of the step's prompts, the rollout met
 reduced across ranks, each rank evaluates its share of the held-out chunks, and rank 0 alone
 writes metrics and checkpoints. The loop knows no backend: the learner gathers, shards and
 saves its own state (`Learner.save` / `load` / `rollout_state_dict`).
+
+The loop takes its parts from an orchestration (`ORCHESTRATIONS`, chosen by
+``orchestration.backend``): ``local`` builds them in this process, ``ray`` on Ray actors; the
+loop, its checkpoints (`CheckpointSaver`) and its evaluation (`HeldOutEvaluator`) are the same.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,21 +38,23 @@ from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import SKIP_REASON
-from rltt.orchestration.components import make_engine, make_learner
-from rltt.runtime.distributed import ranks_from_env
-from rltt.orchestration.policy import EvalResult, evaluate, load_policy, resolve_model_path, stop_ids
-from rltt.orchestration.prompt_stream import PromptStream, eval_tasks
+from rltt.orchestration.parts import LOCAL, Orchestration, PartDied, RunParts
+from rltt.orchestration.policy import HeldOutEvaluator, resolve_model_path, stop_ids
+from rltt.orchestration.prompt_stream import PromptLimit, PromptStream, eval_tasks
+from rltt.orchestration.ray.driver import RAY
+from rltt.orchestration.saver import STATE_FILE, CheckpointSaver
 from rltt.orchestration.train_recipe import TrainRecipe
-from rltt.orchestration.step import TrainingStep
-from rltt.runtime.checkpoint import (atomic_dir, checkpoint_dir, clean_stale, latest_checkpoint, load_state_file,
-                                   prune_checkpoints, require_run, rng_state, set_rng_state)
+from rltt.planning.plan import plan_here
+from rltt.runtime.checkpoint import clean_stale, require_run, rng_state, set_rng_state
 from rltt.runtime.guard import NonFiniteGuard
 from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
 from rltt.telemetry import MetricsLogger, truncate_metrics
 from rltt.telemetry import schema as m
 
-STATE_FILE = "rl_state.pt"
 ALARMS_FILE = "alarms.jsonl"
+
+#: ``orchestration.backend`` -> where the run's parts live
+ORCHESTRATIONS: dict[str, Orchestration] = {"local": LOCAL, "ray": RAY}
 
 
 @dataclass
@@ -60,15 +65,18 @@ class RunResult:
     final_solve_rate: float | None
 
 
-class LocalTrainer:
-    """The RL run: checks the run directory, builds the parts (`_build_parts`: the policy's
-    tokenizer, engine and learner), the prompt streams and the reward runner, then runs
-    `TrainingStep` per step with evaluation, logging and checkpoints. A Ray driver
-    (`rltt.orchestration.ray.RayTrainer`) overrides only how the parts are built and saved."""
+class Trainer:
+    """The RL run: checks the run directory, takes its parts (tokenizer, engine, learner, training
+    step) from its orchestration, builds the prompt streams, the reward runner, the checkpoint
+    saver and the held-out evaluator, then runs the training step per step with evaluation,
+    logging and checkpoints. ``orchestration``: default, the recipe's ``orchestration.backend``;
+    ``restarts``: how often the run's parts were rebuilt already (`train`)."""
 
-    def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None):
+    def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None,
+                 orchestration: Orchestration | None = None, restarts: int = 0):
         self.recipe = r = recipe
-        self.ranks = self._ranks()
+        self.orchestration = orchestration or ORCHESTRATIONS[r.orchestration.backend]
+        self.ranks = self.orchestration.ranks(r)
         self.run_dir = check_run_dir(r.logging.run_dir, "logging.run_dir", {  # never over an input
             "data.source": r.data.source, "data.eval_source": r.data.eval_source, "model.path": r.model.path})
         if resume:
@@ -76,6 +84,11 @@ class LocalTrainer:
         if not resume and (self.run_dir / "metrics.jsonl").exists():
             raise RlttError(f"logging.run_dir: {self.run_dir} already holds a run; pass --resume to continue it "
                             f"or choose another logging.run_dir")
+        self.plan = plan_here(r, self.orchestration.planned_ranks(r, self.ranks), self.ranks.local_rank)
+        if not self.plan.fits:  # before anything loads: one line naming the keys to change
+            raise RlttError(f"{self.plan.problem} (the whole plan: rltt plan RECIPE.yaml)")
+        if r.rollout.chunk_rows == "auto":  # the rows a rollout runs at once, as the plan chose them
+            r = self.recipe = replace(r, rollout=replace(r.rollout, chunk_rows=self.plan.rollout_rows_per_chunk))
         if self.ranks.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             clean_stale(self.run_dir / "checkpoints")  # .tmp-*/.staged-* of killed writes
@@ -84,19 +97,24 @@ class LocalTrainer:
             torch.set_num_threads(r.train.threads)
         self.model_path = resolve_model_path(r.model.path)
         self.runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in r.rewards], root=recipe_root)
-        self.engine = self.learner = None
+        self.parts: RunParts | None = None
         try:
-            self.tokenizer, self.engine, self.learner = self._build_parts()
+            self.parts = self.orchestration.build(r, self.model_path, self.run_dir, self.ranks, restarts)
+            self.tokenizer, self.engine, self.learner = self.parts.tokenizer, self.parts.engine, self.parts.learner
             encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
             template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
             self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
             self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
                                          r.data.eval_split, r.data.eval_size, r.data.seed)
             self._check_prompt_lengths()
-            self.training = self._training_step(TrainingStep, self.engine, self.learner, self.prompts, self.runner,
-                                                self.tokenizer.decode, stop_ids(self.tokenizer),
-                                                self.tokenizer.pad_token_id or 0, self.ranks,
-                                                thinking_budget(r.rollout.thinking, self.tokenizer))
+            self._limit_prompts()
+            thinking = thinking_budget(r.rollout.thinking, self.tokenizer)
+            self.training = self.parts.step(r, self.engine, self.learner, self.prompts, self.runner,
+                                            self.tokenizer.decode, stop_ids(self.tokenizer),
+                                            self.tokenizer.pad_token_id or 0, self.ranks, thinking)
+            self.evaluate = HeldOutEvaluator(r, self.engine, self.eval_tasks, self.tokenizer, self.runner,
+                                             self.ranks, thinking)
+            self.saver = CheckpointSaver(self.run_dir, r, self.ranks, self.tokenizer, self.learner)
             self.step = 0
             self.first_eval: float | None = None
             main = self.ranks.main  # every rank counts the skips (their verdicts agree), rank 0 writes them
@@ -136,27 +154,29 @@ class LocalTrainer:
                 raise RlttError(f"data.eval_source={r.data.eval_source or r.data.source}: the prompt of record "
                                 f"{task.id!r} has {len(task.prompt_ids)} tokens; {what}")
 
-    # -- the parts (overridden by the Ray driver) -------------------------------------------------
-    def _ranks(self):
-        return ranks_from_env(self.recipe.learner.backend, self.recipe.rollout.prompts_per_step)
-
-    def _build_parts(self):
-        """(tokenizer, engine, learner) in this process: the engine takes the model before the
-        learner wraps it."""
+    def _limit_prompts(self) -> None:
+        """``data.max_prompt_tokens`` (what the memory plan budgets for): longer prompts are a
+        one-line error, or with ``data.drop_long_prompts`` dropped and counted."""
         r = self.recipe
-        model, tokenizer = load_policy(self.model_path, r.model.dtype, r.model.device, r.model.convert)
-        engine = make_engine(r, model)
-        return tokenizer, engine, make_learner(r, model, self.ranks.world)
-
-    def _training_step(self, cls, *args):
-        return cls(self.recipe, *args)
+        train = PromptLimit(r.data.max_prompt_tokens, r.data.drop_long_prompts, f"data.source={r.data.source}")
+        held = PromptLimit(r.data.max_prompt_tokens, r.data.drop_long_prompts,
+                           f"data.eval_source={r.data.eval_source or r.data.source}")
+        self.prompts.limit_prompts(train)
+        self.eval_tasks = [task for i, task in enumerate(self.eval_tasks) if held.keep(task, i)]
+        self.dropped_prompts = train.dropped + held.dropped
+        if self.dropped_prompts and self.ranks.main:
+            print(f"rltt train: dropped {train.dropped} training and {held.dropped} held-out prompts longer than "
+                  f"data.max_prompt_tokens={r.data.max_prompt_tokens}", file=sys.stderr)
 
     def close(self) -> None:
-        """Release what the parts hold (reward workers; engines with a process of their own)."""
+        """Release what the parts hold (reward workers; engines and learners with processes or
+        actors of their own; what the orchestration started)."""
         self.runner.close()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        parts, self.parts = self.parts, None
+        if parts is not None:
+            parts.engine.close()
+            parts.learner.close()
+            parts.release()
 
     def train_step(self, step: int) -> dict:
         """One RL step (`TrainingStep`): its metrics, with the guard's count; a skipped update is
@@ -166,58 +186,25 @@ class LocalTrainer:
         metrics.update(self.guard.metrics())
         return metrics
 
-    # -- evaluation, checkpoints ------------------------------------------------------------------
-    def evaluate(self) -> dict:
-        """Held-out solve rate of the rollout policy. With several ranks each evaluates its share
-        of the task chunks (every rank holds the same weights) and the sums are reduced: the same
-        numbers as one process, in 1/world of the time. A collective: every rank calls it."""
-        r = self.recipe
-        part = evaluate(self.engine, self.eval_tasks, self.tokenizer, self.runner, r.train.eval_samples,
-                        r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
-                        exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule,
-                        shard=(self.ranks.rank, self.ranks.world), thinking=self.training.thinking)
-        result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
-        return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
-                "eval/exit_step_mean": result.mean_exit_step}
-
+    # -- checkpoints ------------------------------------------------------------------------
     def loop_state(self) -> dict:
         """The loop's part of a checkpoint (``rl_state.pt``): tensors and plain data only."""
         return {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
-                "first_eval": self.first_eval, "guard": self.guard.state_dict()}
+                "first_eval": self.first_eval, "guard": self.guard.state_dict(), **self.training.state_dict()}
 
     def save(self) -> Path:
-        """Checkpoint atomically (a collective): every rank's learner writes its part into one
-        staging directory, which rank 0 completes (tokenizer, recipe, loop state) and moves into place."""
-        state = self.loop_state()
-        final = checkpoint_dir(self.run_dir, self.step)
-        staged = final.parent / f".staged-{final.name}"
-        if self.ranks.main:
-            shutil.rmtree(staged, ignore_errors=True)  # left by a crash
-        self.ranks.barrier()
-        self.learner.save(staged)  # returns once every rank has written
-
-        def write(tmp: Path) -> None:
-            os.replace(staged, tmp)
-            self.tokenizer.save_pretrained(tmp)
-            (tmp / "recipe.yaml").write_text(yaml.safe_dump(to_dict(self.recipe), sort_keys=False))
-            torch.save(state, tmp / STATE_FILE)
-
-        if self.ranks.main:
-            atomic_dir(final, write)
-            prune_checkpoints(self.run_dir, self.recipe.checkpoint.keep_last, self.recipe.checkpoint.keep_every,
-                              STATE_FILE)
-        self.ranks.barrier()  # the checkpoint is complete before any rank moves on
-        return final
+        """Checkpoint the last completed step atomically (a collective under torchrun)."""
+        return self.saver.save(self.step, self.loop_state())
 
     def learner_model(self):
-        """The policy the learner trains (a `LoopedForCausalLM`)."""
+        """The policy the learner trains (a `LoopedForCausalLM`; in this process only)."""
         return self.learner.policy
 
     def _resume(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir, STATE_FILE)
-        if ckpt is None:
+        found = self.saver.latest()
+        if found is None:
             return
-        state = load_state_file(ckpt / STATE_FILE)  # tensors and plain data only: a file never runs code
+        ckpt, state = found
         self.learner.load(ckpt)
         self.prompts.load_state_dict(state["prompts"])
         set_rng_state(state["rng"])
@@ -225,6 +212,7 @@ class LocalTrainer:
         self.first_eval = state.get("first_eval")
         if "guard" in state:
             self.guard.load_state_dict(state["guard"])
+        self.training.load_state_dict(state)
         self.engine.load_weights(*self.learner.rollout_state_dict())
 
     # -- the loop ---------------------------------------------------------------------------
@@ -275,3 +263,27 @@ class LocalTrainer:
         self.ranks.barrier()  # the ranks finish together, after rank 0's review
         return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
 
+
+def train(recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None) -> tuple[RunResult, Trainer]:
+    """Run a training to its end: ``(result, trainer)`` of the trainer that finished.
+
+    When a part dies in a way its orchestration can recover from (`PartDied`: a Ray learner
+    group lost a rank), a new trainer rebuilds the parts and resumes from the newest checkpoint —
+    the same resume as ``--resume``, so the steps after that checkpoint are redone exactly as they
+    were and ``metrics.jsonl`` ends as the uninterrupted run's — up to the orchestration's limit
+    (``orchestration.ray.learner_restarts``)."""
+    orchestration = ORCHESTRATIONS[recipe.orchestration.backend]
+    restarts, limit = 0, orchestration.restarts(recipe)
+    while True:
+        trainer = Trainer(recipe, resume=resume, recipe_root=recipe_root, orchestration=orchestration,
+                          restarts=restarts)
+        try:
+            return trainer.run(), trainer
+        except PartDied as died:
+            if restarts >= limit:
+                raise
+            restarts += 1
+            start = died.checkpoint if died.checkpoint is not None else "the start of the run"
+            print(f"WARNING: {died}; rebuilding {orchestration.rebuilds} from {start} "
+                  f"({orchestration.restarts_key}: {restarts} of {limit})", file=sys.stderr)
+            resume = (trainer.run_dir / "metrics.jsonl").exists()  # nothing logged yet: start afresh

@@ -18,9 +18,13 @@ EXTRA_WEIGHTS = ("loop_weight_logits",)
 class RolloutEngine(ABC):
     """Generates completions with a looped model and takes weights from the learner.
 
-    ``weights_version``: the learner version of the weights it serves (0 = as constructed)."""
+    ``weights_version``: the learner version of the weights it serves (0 = as constructed).
+    ``replayable``: whether its batches carry a pass record `replay_logprobs` re-executes bitwise
+    (``batch.schedule.replayable``). `close` releases what the engine holds (a process, files);
+    it does nothing by default."""
 
     weights_version: int = 0
+    replayable: bool = False
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
@@ -32,3 +36,6 @@ class RolloutEngine(ABC):
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Serve ``tensors`` from now on — names of `LoopedForCausalLM.state_dict()` plus any of
         `EXTRA_WEIGHTS` — and set ``weights_version = version``; drops any cached KV/prefix state."""
+
+    def close(self) -> None:
+        """Release what the engine holds (engines running a process override this); nothing by default."""

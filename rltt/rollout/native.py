@@ -11,6 +11,7 @@ Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Mapping
 
 import torch
@@ -18,10 +19,11 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
-from rltt.rollout.params import SamplingParams
+from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample_tokens
 from rltt.rollout.scheduler import Scheduler
 
@@ -49,8 +51,11 @@ class NativeEngine(RolloutEngine):
 
     The engine uses ``model`` in place (dtype and device as they are); loading the tensors of
     that same model (a learner training it in place) copies nothing. ``extra_weights`` holds the
-    learner's `EXTRA_WEIGHTS` it was last given (the learned loop weights), as served.
+    learner's `EXTRA_WEIGHTS` it was last given (the learned loop weights), as served. Its batches
+    carry the full pass record (``replayable``).
     """
+
+    replayable = True
 
     def __init__(self, model: LoopedForCausalLM):
         if not isinstance(model, LoopedForCausalLM):
@@ -80,6 +85,7 @@ class NativeEngine(RolloutEngine):
         T = cfg.num_loops
         params.validate(T, cfg.vocab_size)
         prompts = check_prompts(prompts, cfg.vocab_size, cfg.max_position_embeddings)
+        params.check_prompt_seeds(len(prompts))
         policy = ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy, T,
                                   field="SamplingParams.exit_policy")
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
@@ -93,18 +99,14 @@ class NativeEngine(RolloutEngine):
         for r, i in enumerate(prompt_index):
             executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
         sched = Scheduler(params.schedule, T, lengths)
-        if params.prompt_seeds is not None and len(params.prompt_seeds) != len(prompts):
-            raise RlttError(f"SamplingParams.prompt_seeds: {len(params.prompt_seeds)} seeds for {len(prompts)} prompts")
         random = RowRandom(seed, executor.device, num_rows, params.prompt_seeds, params.n)
         decider = ExitDecider(policy, T, random, num_rows)
         decider.start_tokens(list(range(num_rows)), [0] * num_rows)
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos and cfg.eos_token_id is not None:
-            stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
+        stops = stop_token_set(params, cfg)
 
-        out = _Completions(num_rows)
+        out = [CompletedRow() for _ in range(num_rows)]
         budget = _Budget(thinking, num_rows, params.max_new_tokens)
-        schedule = Schedule(params.schedule)
+        schedule = Schedule(params.schedule, replayable=True)
         schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
         entries = sum(p.entries() for p in schedule.passes)
         known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
@@ -129,7 +131,7 @@ class NativeEngine(RolloutEngine):
                 # every item exits (one position per row, all chosen): h is already the exit states
                 logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
                 uniforms = None if params.greedy else \
-                    random.uniform(exit_rows, [len(out.tokens[r]) for r in exit_rows], RowRandom.TOKEN)
+                    random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
                 tokens = sample_tokens(logits, params, uniforms)
                 raw, tempered = logprobs_of(logits, tokens, params.temperature)
                 positions = [ends[i] + 1 for i in chosen]
@@ -137,52 +139,46 @@ class NativeEngine(RolloutEngine):
                 # .tolist() of fp32 values gives exact Python floats: the sampler's bits
                 for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
                                                           raw.tolist(), tempered.tolist()):
-                    out.add(r, token, steps[i], lp, lp_t)
+                    row = out[r]
+                    row.add(token, steps[i], lp, lp_t)
                     sched.exited(r)
-                    reason = self._stop_reason(out.tokens[r], token, stops, params)
-                    if reason is None and budget.should_force(r, out.tokens[r]):
+                    reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
+                    if reason is None and budget.should_force(r, row.tokens):
                         if position + len(thinking.interruption) < max_positions:
                             forced = torch.tensor(thinking.interruption, device=executor.device)
                             executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
-                            out.force(r, thinking.interruption)
-                            budget.forced(r, len(out.tokens[r]))
+                            row.force(thinking.interruption)
+                            budget.forced(r, len(row.tokens))
                             sched.force(r, len(forced))
                             position += len(forced)
                         else:  # no room for the interruption and an answer
                             reason = "length"
-                    if reason is None and (len(out.tokens[r]) >= budget.cap[r]
+                    if reason is None and (len(row.tokens) >= budget.cap[r]
                                            or position >= max_positions):
                         reason = "length"  # the next token would need a position the model does not have
                     if reason:
-                        out.finish[r] = reason
+                        row.finish = reason
                         sched.finish(r)
             schedule.passes.append(PassRecord(
                 work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
                 exits=torch.tensor(exit_rows, dtype=torch.long),
             ))
             moved = sched.settle()
-            decider.start_tokens(moved, [len(out.tokens[r]) for r in moved])
+            decider.start_tokens(moved, [len(out[r].tokens) for r in moved])
 
         stats = RolloutStats(
             passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
-            entries_pending=sched.pending(), tokens=sum(len(t) for t in out.tokens),
+            entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
         )
-        params_used = _with_seed(params, seed)
-        batch = out.to_batch(prompts, prompt_index, lengths, executor, schedule, params_used, stats, T,
-                             pad_id=cfg.pad_token_id or 0)
+
+        def gates(r: int, n: int) -> torch.Tensor:  # completion token 0 came from position P - 1
+            return executor.gates[:, r, lengths[r] - 1: lengths[r] - 1 + n].cpu()
+
+        batch = completion_batch(prompts, prompt_index, out, schedule=schedule, params=replace(params, seed=seed),
+                                 stats=stats, num_loops=T, dtype=executor.dtype, pad_id=cfg.pad_token_id or 0,
+                                 gates=gates)
         stats.wall_time = time.perf_counter() - start_time
         return batch
-
-    @staticmethod
-    def _stop_reason(completion: list[int], token: int, stops: set[int], params: SamplingParams) -> str | None:
-        """``"stop"`` if the row ends with ``token`` (a stop token, or a stop string now in its text), else None."""
-        if token in stops:
-            return "stop"
-        if params.stop_strings:
-            text = params.decoder(completion)
-            if any(s in text for s in params.stop_strings):
-                return "stop"
-        return None
 
 
 class _Budget:
@@ -237,63 +233,3 @@ def shared_prefill(executor: PassExecutor, prompts: list[list[int]], prompt_inde
     records[-1].fork = torch.tensor(fork, dtype=torch.long)
     sched.prefilled([r for g in groups for r in g], len(records))
     return records
-
-
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, seed=seed)
-
-
-class _Completions:
-    """Per-row completion lists collected while decoding."""
-
-    def __init__(self, num_rows: int):
-        self.tokens = [[] for _ in range(num_rows)]
-        self.exits = [[] for _ in range(num_rows)]
-        self.raw = [[] for _ in range(num_rows)]
-        self.tempered = [[] for _ in range(num_rows)]
-        self.finish = ["length"] * num_rows
-        self.forced = [[] for _ in range(num_rows)]  # completion indices of forced tokens
-
-    def add(self, row: int, token: int, step: int, raw: float, tempered: float) -> None:
-        self.tokens[row].append(token)
-        self.exits[row].append(step)
-        self.raw[row].append(raw)
-        self.tempered[row].append(tempered)
-
-    def force(self, row: int, tokens: list[int]) -> None:
-        """Append forced (not sampled) tokens: no exit step, no sampling log-prob."""
-        for token in tokens:
-            self.forced[row].append(len(self.tokens[row]))
-            self.add(row, token, 0, 0.0, 0.0)
-
-    def to_batch(self, prompts, prompt_index, lengths, executor: PassExecutor, schedule: Schedule,
-                 params: SamplingParams, stats: RolloutStats, num_loops: int, pad_id: int) -> RolloutBatch:
-        rows = len(self.tokens)
-        width = max(len(t) for t in self.tokens)
-        ids = torch.full((rows, width), pad_id, dtype=torch.long)
-        exits = torch.zeros((rows, width), dtype=torch.long)
-        raw = torch.zeros((rows, width), dtype=torch.float32)
-        tempered = torch.zeros((rows, width), dtype=torch.float32)
-        gates = torch.full((num_loops, rows, width), float("nan"))
-        forced = torch.zeros((rows, width), dtype=torch.bool)
-        for r in range(rows):
-            n = len(self.tokens[r])
-            ids[r, :n] = torch.tensor(self.tokens[r])
-            exits[r, :n] = torch.tensor(self.exits[r])
-            # float() of an fp32 value and back is exact, so these are the sampler's bits
-            raw[r, :n] = torch.tensor(self.raw[r], dtype=torch.float32)
-            tempered[r, :n] = torch.tensor(self.tempered[r], dtype=torch.float32)
-            first = lengths[r] - 1  # position whose state produced completion token 0
-            gates[:, r, :n] = executor.gates[:, r, first: first + n].cpu()
-            forced[r, self.forced[r]] = True
-        completion_lengths = torch.tensor([len(t) for t in self.tokens])
-        return RolloutBatch(
-            prompts=prompts, prompt_index=torch.tensor(prompt_index), prompt_lengths=torch.tensor(lengths),
-            completion_ids=ids, completion_lengths=completion_lengths,
-            completion_mask=torch.arange(width)[None, :] < completion_lengths[:, None],
-            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
-            finish_reasons=self.finish, schedule=schedule, params=params, stats=stats,
-            num_loops=num_loops, dtype=executor.dtype, pad_id=pad_id, forced_mask=forced,
-        )

@@ -106,6 +106,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def check_prompt_seeds(self, num_prompts: int) -> None:
+        """Raise a one-line `RlttError` unless ``prompt_seeds`` is None or holds one seed per prompt."""
+        if self.prompt_seeds is not None and len(self.prompt_seeds) != num_prompts:
+            raise RlttError(f"SamplingParams.prompt_seeds: {len(self.prompt_seeds)} seeds for {num_prompts} prompts")
+
+    def stop_string_in(self, completion: Sequence[int]) -> bool:
+        """Whether the decoded ``completion`` contains one of ``stop_strings`` (False without any)."""
+        if not self.stop_strings:
+            return False
+        text = self.decoder(completion)
+        return any(s in text for s in self.stop_strings)
+
     def validate(self, num_loops: int | None = None, vocab_size: int | None = None) -> "SamplingParams":
         """Raise a one-line `RlttError` naming the first bad field; return self."""
 
@@ -148,3 +160,13 @@ class SamplingParams:
         if num_loops is not None and self.exit_policy is not None:
             ExitPolicy.parse(self.exit_policy, num_loops, field="SamplingParams.exit_policy")
         return self
+
+
+def stop_token_set(params: SamplingParams, config) -> set[int]:
+    """The token ids that end a completion: ``params.stop_token_ids`` plus the model config's
+    ``eos_token_id`` (an int or a list of them; None adds nothing) unless ``params.ignore_eos``."""
+    stops = set(params.stop_token_ids)
+    eos = config.eos_token_id
+    if not params.ignore_eos and eos is not None:
+        stops |= set(eos if isinstance(eos, list) else [eos])
+    return stops

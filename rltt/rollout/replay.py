@@ -34,7 +34,7 @@ class ReplayLogprobs:
 def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogprobs:
     """Re-execute ``batch.schedule`` with ``model`` and return the sampling log-probs it gives."""
     cfg = model.config
-    if batch.schedule.kind == "vllm":
+    if not batch.schedule.replayable:
         raise RlttError("replay: a vLLM rollout has no pass record to replay (vLLM batches requests its own way); "
                         "the learner scores it with its dense forward at the recorded exits")
     if cfg.num_loops != batch.num_loops:

@@ -45,7 +45,12 @@ class PassRecord:
 
 @dataclass
 class Schedule:
-    """The replayable record of a rollout: schedule kind and every pass in order.
+    """The record of a rollout: schedule kind and every pass in order.
+
+    ``replayable``: set by what recorded it — True when ``passes`` is the complete pass record
+    `replay_logprobs` can re-execute (the native engine's), False when the engine has none (vLLM
+    batches requests its own way: no passes). Defaults to False, so a record nobody vouched for is
+    never replayed.
 
     Pickled (a Ray rollout worker returning its batch), the passes travel as a few flat
     tensors — every pass's ``work`` rows concatenated with per-pass row counts, likewise the
@@ -56,15 +61,17 @@ class Schedule:
 
     kind: str
     passes: list[PassRecord] = field(default_factory=list)
+    replayable: bool = False
 
     def __getstate__(self) -> dict:
         passes = self.passes
         forked = [i for i, p in enumerate(passes) if p.fork is not None]
-        flat = {"kind": self.kind, "passes": len(passes), "fork_pass": torch.tensor(forked, dtype=torch.long)}
+        flat = {"kind": self.kind, "replayable": self.replayable, "passes": len(passes),
+                "fork_pass": torch.tensor(forked, dtype=torch.long)}
         for name, records in (("work", [p.work for p in passes]), ("exits", [p.exits for p in passes]),
                               ("fork", [passes[i].fork for i in forked])):
             if not _packable(records):  # odd shapes or mixed dtypes: pickled pass by pass
-                return {"kind": self.kind, "passes": list(passes)}
+                return {"kind": self.kind, "replayable": self.replayable, "passes": list(passes)}
             flat[name] = _narrow(torch.cat(records)) if records else None
             flat[f"{name}_dtype"] = records[0].dtype if records else None
             flat[f"{name}_counts"] = torch.tensor([len(t) for t in records], dtype=torch.long)
@@ -72,6 +79,7 @@ class Schedule:
 
     def __setstate__(self, state: dict) -> None:
         self.kind = state["kind"]
+        self.replayable = state["replayable"]
         if isinstance(state["passes"], list):
             self.passes = state["passes"]
             return

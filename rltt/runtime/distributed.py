@@ -126,14 +126,16 @@ class Ranks:
             torch.distributed.destroy_process_group()
 
 
-def ranks_from_env(backend: str, prompts_per_step: int) -> Ranks:
-    """The launcher's RANK / WORLD_SIZE / LOCAL_RANK, checked against the recipe before any work."""
+def ranks_from_env(backend: str, prompts_per_step: int, data_parallel: Sequence[str] = ("deepspeed",)) -> Ranks:
+    """The launcher's RANK / WORLD_SIZE / LOCAL_RANK, checked against the recipe before any work;
+    ``data_parallel``: the learner backends that train across ranks."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Ranks()
-    if backend != "deepspeed":
+    if backend not in data_parallel:
         raise ConfigError(f"learner.backend: {backend!r} trains in one process but {world} were launched "
-                          f"(WORLD_SIZE={world}); use learner.backend=deepspeed for a data-parallel run")
+                          f"(WORLD_SIZE={world}); use learner.backend={' | '.join(data_parallel)} for a "
+                          f"data-parallel run")
     if prompts_per_step % world:
         raise ConfigError(f"rollout.prompts_per_step: {prompts_per_step} is not divisible by the world size "
                           f"{world} (each rank samples an equal share of the step's prompts)")

@@ -64,6 +64,11 @@ MISMATCH_MAX_ABS = "mismatch/max_abs"
 MISMATCH_MEAN_ABS = "mismatch/mean_abs"
 MISMATCH_K3 = "mismatch/k3"
 
+# rollout correction (algorithm.correction; logged only when one is set)
+CORRECTION_MASKED_FRAC = "correction/masked_frac"
+CORRECTION_WEIGHT_MEAN = "correction/weight_mean"
+CORRECTION_WEIGHT_MAX = "correction/weight_max"
+
 LENGTH_MEAN = "length/mean"
 LENGTH_MAX = "length/max"
 LENGTH_TRUNC_FRAC = "length/trunc_frac"
@@ -253,6 +258,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(MISMATCH_K3,
                "k3 estimate of KL(sampler || learner): mean of r - 1 - log r, "
                "r = p_learner / p_sampler", "nats/token"),
+    MetricSpec(CORRECTION_MASKED_FRAC,
+               "fraction of completion tokens the rollout correction masked (ratio p_learner / p_sampler "
+               "outside [correction_lo, correction_hi]); they contribute nothing to the update", "fraction"),
+    MetricSpec(CORRECTION_WEIGHT_MEAN,
+               "mean rollout-correction weight over the tokens it kept (1 = no correction)", "ratio"),
+    MetricSpec(CORRECTION_WEIGHT_MAX, "largest rollout-correction weight over the completion tokens", "ratio"),
     # completions
     MetricSpec(LENGTH_MEAN, "mean completion length", "tokens"),
     MetricSpec(LENGTH_MAX, "max completion length", "tokens"),

@@ -12,7 +12,7 @@ import numpy as np
 
 from rltt.errors import RlttError
 from rltt.telemetry import schema
-from rltt.telemetry.logger import METRICS_FILE, scan_metrics
+from rltt.telemetry.metrics_file import METRICS_FILE, scan_metrics
 
 
 @dataclass

@@ -8,5 +8,5 @@
   gate values and sampler log-probs, and swaps weights in place.
 - `rltt.vllm.row_exits`: the vLLM-free part (per-row exit decisions, counter-based exit draws).
 
-Only this package and `rltt.vllm.engine` import vllm; ``import rltt`` never does.
+Only this package and `rltt.vllm.vllm_engine` import vllm; ``import rltt`` never does.
 """

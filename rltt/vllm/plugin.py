@@ -3,7 +3,7 @@
 vLLM calls ``register()`` in every process it starts (engine core, workers), so a model
 directory saved by rltt (``config.json`` with ``model_type: rltt_looped`` and architecture
 ``LoopedForCausalLM``) loads in any vLLM process once rltt is installed. Ouro checkpoints are
-served by converting them once to rltt's layout (`rltt.vllm.engine` does it); their
+served by converting them once to rltt's layout (`rltt.vllm.vllm_engine` does it); their
 remote-code config is not registered.
 """
 

@@ -160,7 +160,7 @@ def test_rollout_engine_reaches_the_engine_factory(recipe, tmp_path, monkeypatch
     """``rollout.engine=vllm`` builds the vLLM engine (stood in for by a recording native engine: the
     factory's vLLM branch, its options and the close of the engine's process are what is checked)."""
     from rltt.rollout import NativeEngine
-    from rltt.vllm import engine as vllm_engine
+    from rltt.vllm import vllm_engine
 
     built = []
 

@@ -2,7 +2,7 @@
 
     dist_worker.py RECIPE.yaml OUT_DIR [key=value ...]
 
-Each rank runs the LocalTrainer and writes OUT_DIR/rank<R>.json: the task ids and prompt
+Each rank runs the Trainer and writes OUT_DIR/rank<R>.json: the task ids and prompt
 seeds of its groups, the rewards of its groups per step, its learner's batch size, whether it
 owns a metrics logger, whether its parameters changed, a checksum of its final parameters, its
 prompt stream's position and one `reduce_ranks` of known per-rank values.
@@ -18,12 +18,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from rltt.runtime.distributed import reduce_ranks  # noqa: E402
-from rltt.orchestration.trainer import LocalTrainer  # noqa: E402
+from rltt.orchestration.trainer import Trainer  # noqa: E402
 from rltt.orchestration.train_recipe import load_train_recipe  # noqa: E402
 
 
 def run(recipe: str, out_dir: str, overrides: list[str]) -> None:
-    trainer = LocalTrainer(load_train_recipe(recipe, overrides), recipe_root=Path(recipe).parent)
+    trainer = Trainer(load_train_recipe(recipe, overrides), recipe_root=Path(recipe).parent)
     rank = trainer.ranks.rank
     record = {"rank": rank, "world": torch.distributed.get_world_size(), "batch_size": trainer.learner.batch_size,
               "has_logger": trainer.logger is not None, "seeds": [], "task_ids": [], "rewards": []}

@@ -16,7 +16,7 @@ import yaml
 
 from rltt.cli.main import main
 from rltt.errors import ConfigError
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.step import rollout_seed
@@ -167,7 +167,7 @@ def test_world_size_must_divide_prompts_per_step(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match=r"rollout\.prompts_per_step: 3 .*world size 2"):
-        LocalTrainer(load_train_recipe(path, ["rollout.prompts_per_step=3"]), recipe_root=tmp_path)
+        Trainer(load_train_recipe(path, ["rollout.prompts_per_step=3"]), recipe_root=tmp_path)
     assert not (tmp_path / "run").exists()  # refused before any work
     assert main(["train", str(path), "rollout.prompts_per_step=3"]) == 2
     err = capsys.readouterr().err
@@ -211,7 +211,7 @@ def test_two_ranks_sample_what_one_process_samples(two_rank_run, tmp_path):
     """Per-prompt seeds keyed by the global prompt index: the first step's rows of the two ranks,
     in rank order, are one process's rows (same weights before any update)."""
     recipe, _, records = two_rank_run
-    one = LocalTrainer(load_train_recipe(recipe, ["learner.backend=torch", f"logging.run_dir={tmp_path / 'one'}"]),
+    one = Trainer(load_train_recipe(recipe, ["learner.backend=torch", f"logging.run_dir={tmp_path / 'one'}"]),
                        recipe_root=recipe.parent)
     groups, _ = one.training.rollout(1)
     assert groups.task_ids == records[0]["task_ids"][0] + records[1]["task_ids"][0]

@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rltt.errors import ConfigError
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.runtime.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints
 from rltt.telemetry import read_metrics
@@ -112,7 +112,7 @@ def test_lr_1e30_skips_then_stops_with_one_line_before_the_checkpoint(tmp_path):
 def test_a_reward_of_1e39_scores_zero_and_the_run_stays_finite(tmp_path):
     path = _recipe(tmp_path, ["varied", "huge"], train={"steps": 2}, checkpoint={"every": 2})
     run = tmp_path / "run"
-    LocalTrainer(load_train_recipe(path), recipe_root=tmp_path).run()
+    Trainer(load_train_recipe(path), recipe_root=tmp_path).run()
     rows = [r for r in read_metrics(run) if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from rltt.errors import RlttError
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.runtime.checkpoint import checkpoint_dir, list_checkpoints
 from rltt.telemetry import read_metrics
@@ -59,7 +59,7 @@ class Exploit:
 def test_bad_rewards_damaged_and_crafted_checkpoints(tmp_path, capsys):
     path = _recipe(tmp_path)  # logging.run_dir is the folder holding the recipe
     original = path.read_bytes()
-    LocalTrainer(load_train_recipe(path), recipe_root=tmp_path).run()
+    Trainer(load_train_recipe(path), recipe_root=tmp_path).run()
     assert path.read_bytes() == original  # the resolved recipe went beside it
     assert (tmp_path / "recipe.resolved.yaml").is_file()
 
@@ -78,7 +78,7 @@ def test_bad_rewards_damaged_and_crafted_checkpoints(tmp_path, capsys):
     # the latest checkpoint lost its weights: --resume falls back to step 2 and redoes step 3
     assert [s for s, _ in list_checkpoints(tmp_path, "rl_state.pt")] == [2, 3]
     (checkpoint_dir(tmp_path, 3) / "model.safetensors").unlink()
-    LocalTrainer(load_train_recipe(path), resume=True, recipe_root=tmp_path).run()
+    Trainer(load_train_recipe(path), resume=True, recipe_root=tmp_path).run()
     assert "skipping checkpoint" in capsys.readouterr().err
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
 
@@ -92,7 +92,7 @@ def test_bad_rewards_damaged_and_crafted_checkpoints(tmp_path, capsys):
 
         write_manifest(checkpoint_dir(tmp_path, 3))
         with pytest.raises(RlttError, match=f"refusing to load .*{name}") as info:
-            LocalTrainer(load_train_recipe(path), resume=True, recipe_root=tmp_path)
+            Trainer(load_train_recipe(path), resume=True, recipe_root=tmp_path)
         assert "\n" not in str(info.value) and not marker.exists()
         target.write_bytes(saved)
         write_manifest(checkpoint_dir(tmp_path, 3))
@@ -102,12 +102,12 @@ def test_bad_rewards_damaged_and_crafted_checkpoints(tmp_path, capsys):
 def test_resume_before_the_first_checkpoint_writes_step0_once(tmp_path):
     path = _recipe(tmp_path, train={"steps": 1, "eval_every": 1}, checkpoint={"every": 0, "save_final": False},
                    logging={"run_dir": str(tmp_path / "run")})
-    LocalTrainer(load_train_recipe(path), recipe_root=tmp_path).run()  # ends like a kill: no checkpoint
-    LocalTrainer(load_train_recipe(path), resume=True, recipe_root=tmp_path).run()
+    Trainer(load_train_recipe(path), recipe_root=tmp_path).run()  # ends like a kill: no checkpoint
+    Trainer(load_train_recipe(path), resume=True, recipe_root=tmp_path).run()
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1]
 
 
 def test_resume_on_a_directory_without_a_run(tmp_path):
     path = _recipe(tmp_path, logging={"run_dir": str(tmp_path / "missing")})
     with pytest.raises(RlttError, match="no run in logging.run_dir"):
-        LocalTrainer(load_train_recipe(path), resume=True, recipe_root=tmp_path)
+        Trainer(load_train_recipe(path), resume=True, recipe_root=tmp_path)

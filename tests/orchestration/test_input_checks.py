@@ -10,10 +10,10 @@ import yaml
 from .helpers import tiny_checkpoint
 
 
-def _run(tmp_path, data_file, **rollout):
+def _run(tmp_path, data_file, data=None, **rollout):
     recipe = {
         "model": {"path": str(tiny_checkpoint(tmp_path / "policy"))},
-        "data": {"source": str(data_file), "eval_source": "synthetic:easy", "eval_size": 4},
+        "data": {"source": str(data_file), "eval_source": "synthetic:easy", "eval_size": 4, **(data or {})},
         "rewards": [{"fn": "rewards/gsm8k.py:strict"}],
         "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6, **rollout},
         "learner": {"micro_batch_size": 4},
@@ -55,3 +55,38 @@ def test_prompt_too_long_for_the_model_names_the_record_and_the_limit(tmp_path):
     data.write_text(_records(3))  # the corrected rerun starts in the same run_dir
     result = _run(tmp_path, data)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_prompt_longer_than_max_prompt_tokens_names_the_key_and_the_record(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(_records(2) + _records(1, question="1 + " * 100 + "1 = ?"))  # ~450 char tokens
+    recipe_line = _one_line_error(_run(tmp_path, data, {"max_prompt_tokens": 200}))
+    assert "data.max_prompt_tokens" in recipe_line and "'train-3' (index 2)" in recipe_line
+    assert "data.drop_long_prompts" in recipe_line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    result = _run(tmp_path, data, {"max_prompt_tokens": 200, "drop_long_prompts": True})  # dropped, counted
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "dropped 1 training and 0 held-out prompts longer than data.max_prompt_tokens=200" in result.stderr
+
+
+def test_a_run_that_cannot_fit_is_refused_before_loading_with_one_line_naming_keys(tmp_path, monkeypatch, capsys):
+    """A folder holding only an Ouro-1.4B-shaped config.json: the plan refuses the run (fp32 AdamW
+    on an 8 GiB machine) before any weight would be read — there are none — and writes nothing."""
+    from rltt.cli.main import main
+    from rltt.planning import sources
+
+    from ..planning.helpers import OURO_1_4B, config_folder
+
+    model = config_folder(tmp_path, OURO_1_4B, "ouro")
+    monkeypatch.setattr(sources, "available_cpu_bytes", lambda: 8 * 2**30)
+    recipe = yaml.safe_load(open("recipes/quickstart.yaml"))
+    recipe["model"] = {"path": str(model), "device": "cpu"}
+    recipe["logging"] = {"run_dir": str(tmp_path / "run"), "progress": False}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["train", str(path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("rltt train: error: does not fit in 8.0 GiB"), err
+    assert "learner." in err[0] or "rollout." in err[0]  # names the recipe key(s) to change
+    assert not (tmp_path / "run").exists()
+

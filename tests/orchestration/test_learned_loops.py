@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from rltt.cli.main import main
 from rltt.learner import LEARNER_STATE
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.train_recipe import load_train_recipe
 
 from .test_local import write_recipe
@@ -29,7 +29,7 @@ def test_learned_loop_weights_reach_the_checkpoint_and_the_engine(tmp_path, dtyp
     assert "loop_weight_logits" not in load_file(str(ckpt / "model.safetensors"))  # the model files stay the model's
 
     # a resumed run: the learner and its engine serve exactly the checkpoint's loop weights
-    trainer = LocalTrainer(load_train_recipe(path, [*overrides, "train.steps=4"]), resume=True, recipe_root=tmp_path)
+    trainer = Trainer(load_train_recipe(path, [*overrides, "train.steps=4"]), resume=True, recipe_root=tmp_path)
     assert trainer.step == 3 and trainer.learner.version == 3 and trainer.engine.weights_version == 3
     assert torch.equal(trainer.learner.learned_logits.detach().float(), logits)
     served = trainer.engine.extra_weights["loop_weight_logits"]

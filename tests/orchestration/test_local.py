@@ -6,7 +6,7 @@ import torch
 import yaml
 
 from rltt.cli.main import main
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
@@ -51,7 +51,7 @@ def write_recipe(tmp_path, **overrides):
 
 def test_three_steps_change_parameters_and_write_every_metric(tmp_path):
     path = write_recipe(tmp_path)
-    trainer = LocalTrainer(load_train_recipe(path), recipe_root=tmp_path)
+    trainer = Trainer(load_train_recipe(path), recipe_root=tmp_path)
     before = {k: v.clone() for k, v in trainer.learner_model().state_dict().items()}
     result = trainer.run()
     assert result.steps == 3
@@ -69,12 +69,12 @@ def test_three_steps_change_parameters_and_write_every_metric(tmp_path):
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = write_recipe(tmp_path / "a")
-    LocalTrainer(load_train_recipe(full), recipe_root=tmp_path / "a").run()
+    Trainer(load_train_recipe(full), recipe_root=tmp_path / "a").run()
     reference = [r for r in read_metrics(tmp_path / "a" / "run") if r["step"] > 0]
 
     part = write_recipe(tmp_path / "b")
-    LocalTrainer(load_train_recipe(part, ["train.steps=2"]), recipe_root=tmp_path / "b").run()  # interrupted
-    LocalTrainer(load_train_recipe(part), resume=True, recipe_root=tmp_path / "b").run()
+    Trainer(load_train_recipe(part, ["train.steps=2"]), recipe_root=tmp_path / "b").run()  # interrupted
+    Trainer(load_train_recipe(part), resume=True, recipe_root=tmp_path / "b").run()
     resumed = [r for r in read_metrics(tmp_path / "b" / "run") if r["step"] > 0]
     assert [r["step"] for r in resumed] == [1, 2, 3]
     for key in ("reward/mean", "loss/total", "kl/ref", "grad_norm/total", "length/mean"):
@@ -105,7 +105,7 @@ def test_cli_train_and_bad_recipes(tmp_path, capsys):
 ])
 def test_algorithm_variants_run(tmp_path, overrides):
     path = write_recipe(tmp_path)
-    trainer = LocalTrainer(load_train_recipe(path, ["train.steps=2", "train.eval_every=0", *overrides]),
+    trainer = Trainer(load_train_recipe(path, ["train.steps=2", "train.eval_every=0", *overrides]),
                            recipe_root=tmp_path)
     assert trainer.run().steps == 2
     records = read_metrics(tmp_path / "run")
@@ -118,7 +118,7 @@ def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
     from rltt.runtime.distributed import combine
     from rltt.orchestration.policy import EvalResult, evaluate
 
-    trainer = LocalTrainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)
+    trainer = Trainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)
     args = (trainer.engine, trainer.eval_tasks, trainer.tokenizer, trainer.runner, 2, 1.0, 6)
     whole = evaluate(*args, seed=3, chunk=3)
     parts = [evaluate(*args, seed=3, chunk=3, shard=(i, 3)) for i in range(3)]

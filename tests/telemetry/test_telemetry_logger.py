@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from rltt.errors import RlttError
-from rltt.telemetry.logger import (
-    STRICT_ENV,
-    MetricsLogger,
-    Timer,
-    read_metrics,
-    scan_metrics,
-    strict_from_env,
-    truncate_metrics,
-)
+from rltt.telemetry.logger import STRICT_ENV, MetricsLogger, strict_from_env
+from rltt.telemetry.metrics_file import read_metrics, scan_metrics, truncate_metrics
+from rltt.telemetry.stats import Timer
 
 
 def lines(path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from rltt.telemetry.logger import (
+from rltt.telemetry.stats import (
     entropy_stats,
     exit_stats,
     grad_norms,

@@ -22,7 +22,7 @@ POLICIES = ["final", "fixed:2", "threshold:0.5", "sample"]
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     pre = looped_model(num_loops=2, seed=0)
     ouro_dir = tmp_path_factory.mktemp("ouro") / "ckpt"

@@ -59,7 +59,7 @@ def test_rltt_imports_and_errors_without_vllm(tmp_path):
     """With vllm unimportable, rltt and the engine factory import, and asking for vLLM is a one-line error."""
     code = (
         "import sys; sys.modules['vllm'] = None\n"
-        "import rltt, rltt.rollout, rltt.orchestration.engines, rltt.vllm.engine, rltt.vllm.row_exits\n"
+        "import rltt, rltt.rollout, rltt.orchestration.engines, rltt.vllm.vllm_engine, rltt.vllm.row_exits\n"
         "from rltt.errors import RlttError\n"
         "from rltt.orchestration.engines import make_engine\n"
         "try:\n"
@@ -76,7 +76,7 @@ def test_rltt_imports_and_errors_without_vllm(tmp_path):
 
 def test_head_dim_below_64_is_a_one_line_error_on_cpu():
     from rltt.model import LoopConfig
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     cfg = LoopConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                      num_attention_heads=2, num_loops=2)

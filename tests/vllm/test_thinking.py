@@ -18,7 +18,7 @@ BUDGET, ANSWER = 4, 3
 
 @pytest.fixture(scope="module")
 def setup():
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     tok = chat_tokenizer()
     close = tok.encode("</think>", add_special_tokens=False)

@@ -20,7 +20,7 @@ def checkpoint(path: Path) -> Path:
 
 
 def test_five_steps_with_vllm_rollouts(tmp_path):
-    from rltt.orchestration.trainer import LocalTrainer
+    from rltt.orchestration.trainer import Trainer
     from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.telemetry import read_metrics
 
@@ -37,7 +37,7 @@ def test_five_steps_with_vllm_rollouts(tmp_path):
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    result = LocalTrainer(load_train_recipe(path), recipe_root=Path.cwd()).run()
+    result = Trainer(load_train_recipe(path), recipe_root=Path.cwd()).run()
     assert result.steps == 5
     steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
     assert len(steps) == 5

@@ -26,7 +26,7 @@ def _new_model():
 def fresh_on_new_weights():
     """Greedy rows of a fresh engine built on the new weights, made (and shut down) before the
     module's engine starts: one in-process vLLM engine at a time, as in a training run."""
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     fresh = VllmEngine(_new_model(), **ENGINE_OPTIONS)
     try:
@@ -37,7 +37,7 @@ def fresh_on_new_weights():
 
 @pytest.fixture(scope="module")
 def engine(fresh_on_new_weights):
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     built = VllmEngine(looped_model(num_loops=2, seed=0, injection="scalar", tie_word_embeddings=False),
                        **ENGINE_OPTIONS)
@@ -82,7 +82,7 @@ def test_load_weights_checks_version_and_names(engine):
 
 
 def test_head_dim_below_64_fails_before_vllm_starts():
-    from rltt.vllm.engine import VllmEngine
+    from rltt.vllm.vllm_engine import VllmEngine
 
     small = looped_model(num_loops=2, hidden_size=64, num_attention_heads=2, head_dim=32)
     with pytest.raises(RlttError, match="head_dim >= 64") as err:

@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rltt.errors import RlttError
 from rltt.learner import LearnerBatch
+from rltt.orchestration.parts import PartDied
 from rltt.orchestration.ray.cluster import (DEAD_ACTOR_ERRORS, ClusterLog, actor_env, actor_info, resources_error,
                                             wait_scheduled)
 from rltt.orchestration.ray.orchestration_section import RaySection
@@ -35,13 +36,9 @@ from rltt.orchestration.ray.rollout_pool import RemoteTensors
 ROLE = "learner"
 
 
-class LearnerGroupDied(RlttError):
+class LearnerGroupDied(PartDied):
     """A learner actor died: the group cannot go on. ``checkpoint`` is the newest complete
     checkpoint (None before the first), the one a restart resumes from."""
-
-    def __init__(self, message: str, checkpoint: Path | None):
-        super().__init__(message)
-        self.checkpoint = checkpoint
 
 
 class LearnerWorker:
@@ -235,7 +232,8 @@ class RayLearnerGroup:
     def worker_infos(self) -> list[dict]:
         return [ray.get(w.info.remote(), timeout=self.cfg.timeout_s) for w in self.workers]
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop every learner actor (and its process group) and free its placement group."""
         closing = [w.close.remote() for w in self.workers]
         ray.wait(closing, num_returns=len(closing), timeout=10)  # a dead or hung rank is killed anyway
         for w in self.workers:

@@ -69,9 +69,13 @@ def check_recipe(recipe) -> None:
     """Cross-section checks of a Ray run (one-line `ConfigError` naming the key)."""
     o = recipe.orchestration
     ray = o.ray
-    if ray.learners > 1 and recipe.learner.backend != "deepspeed":
-        raise recipe_error("orchestration.ray.learners", f"{ray.learners} learners need learner.backend=deepspeed "
-                                                         f"(the torch backend trains in one process)")
+    from rltt.learner.backends import BACKENDS
+
+    data_parallel = [name for name, backend in BACKENDS.items() if backend.data_parallel]
+    if ray.learners > 1 and recipe.learner.backend not in data_parallel:
+        raise recipe_error("orchestration.ray.learners", f"{ray.learners} learners need learner.backend="
+                                                         f"{' | '.join(data_parallel)} (the {recipe.learner.backend} "
+                                                         f"backend trains in one process)")
     if recipe.rollout.prompts_per_step % ray.learners:
         raise recipe_error("orchestration.ray.learners", f"{ray.learners} does not divide rollout.prompts_per_step="
                                                          f"{recipe.rollout.prompts_per_step} (each learner takes "

@@ -150,9 +150,7 @@ class RayRolloutPool(RolloutEngine):
         if params.prompt_seeds is None:
             parts = [_Shard(0, 0, len(prompts), params)]
         else:
-            if len(params.prompt_seeds) != len(prompts):
-                raise RlttError(f"SamplingParams.prompt_seeds: {len(params.prompt_seeds)} seeds for "
-                                f"{len(prompts)} prompts")
+            params.check_prompt_seeds(len(prompts))
             parts = [_Shard(i, a, b, shards.shard_params(params, a, b))
                      for i, (a, b) in enumerate(shards.split(len(prompts), len(self.workers)))]
         for part in parts:
@@ -211,7 +209,8 @@ class RayRolloutPool(RolloutEngine):
     def worker_infos(self) -> list[dict]:
         return [ray.get(w.info.remote(), timeout=self.cfg.timeout_s) for w in self.workers]
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop every rollout worker."""
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []

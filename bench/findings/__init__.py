@@ -1,0 +1,52 @@
+"""RL findings at small scale: solve-rate band, learning rate, dense twin, per-loop credit.
+
+Tests four findings reported for RL on looped models (the "Reported" lines below: figures
+from other runs, not measured here; bench/RESULTS.md says which hold at this scale) with real
+``rltt curate`` / ``rltt train`` / ``rltt pretrain`` runs of the shipped recipes
+(``recipes/quickstart.yaml``, ``recipes/pretrain-tiny.yaml``) on the quickstart model and the
+synthetic task:
+
+1. **Solve-rate band**: the same RL budget on prompts curated into a low (~0.1), mixed
+   (~0.3-0.5) and high (~0.8) solve-rate band. The pool mixes the synthetic difficulty presets;
+   ``rltt curate --band`` splits it by each prompt's measured solve rate. Held-out gain and the
+   share of uniform groups (zero advantage) per band. Reported: +12 points at s ~ 0.30, none at
+   s ~ 0.77, where the groups are uniform.
+2. **Learning rate**: lr 1e-6 / 1e-5 / 1e-4 / 1e-3 at equal steps: KL to the reference, grad
+   norm, held-out gain, and what ``rltt review`` diagnoses for each run. Reported: lr 1e-6
+   left KL at ~2e-4 (the policy did not move), 1e-5 worked.
+3. **Dense twin**: ``recipes/pretrain-tiny.yaml`` at T = 4 and at T = 1 (the same block, so the
+   same parameters, and the same data): held-out LM loss and solve rate, then equal RL steps on
+   each. Reported: recurrence beats a parameter-matched dense model at equal data.
+4. **Per-loop credit**: ``algorithm.policy_logprob`` = exit / final / rltt (omega exit_pdf and
+   progressive) at equal steps and seeds, with sampled exits (``rollout.exit_policy=sample``;
+   under the quickstart's own ``final`` exits, exit and final are the same log-prob): held-out
+   gain and exit distribution after RL. Reported: RLTT's credit beats final-loop GRPO.
+
+    python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit]
+    rltt bench findings --smoke --out /tmp/findings
+
+Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes
+``OUT/findings.json``, ``OUT/findings.md`` (a Markdown section per finding, with the exact
+commands), ``OUT/<finding>.png``, the run directories under ``OUT/runs`` and one log per arm
+under ``OUT/logs``. The full mode (40 RL steps per arm; two seeds for the per-loop credit arms,
+one for the others) took 33 minutes on 2 CPU cores shared with other jobs (load 4-8); ``--smoke``
+(one seed, a few steps per arm, tiny evaluations and pretraining) checks that every arm runs in a
+few minutes. ``--resume`` continues an interrupted run; ``--report-only`` rebuilds the outputs. The full mode reuses the cached quickstart model (built by
+``rltt.lm_training.quickstart_model`` from ``recipes/pretrain-tiny.yaml``) as the T = 4 pretraining arm;
+``--retrain-t4`` runs that pretraining again.
+
+Layout: `runner` (the scale of each arm, the arms and their scheduler), `metrics` (reading the
+runs), a module per finding (`band`, `lr`, `dense`, `credit`: its arms and its results), `plots`,
+`report` (the Markdown) and `cli` (the flags and the outputs); ``__main__`` runs `cli.main`.
+"""
+
+from .band import BANDS, POOL_PRESETS
+from .cli import FINDINGS, main, parse_args, run
+from .credit import CREDIT
+from .dense import PRETRAIN_RECIPE
+from .lr import LRS
+from .report import SECTION
+from .runner import FULL, RL_RECIPE, SMOKE, Arm, Scale, T, run_arms
+
+__all__ = ["Arm", "BANDS", "CREDIT", "FINDINGS", "FULL", "LRS", "POOL_PRESETS", "PRETRAIN_RECIPE", "RL_RECIPE",
+           "SECTION", "SMOKE", "Scale", "T", "main", "parse_args", "run", "run_arms"]

@@ -1,0 +1,144 @@
+"""The Markdown report (``OUT/findings.md``): a header with the command that made it, then a
+section per finding (a table, the verdicts, its figure and the exact commands of its arms)."""
+
+from __future__ import annotations
+
+import os
+
+from .credit import CREDIT
+from .dense import PRETRAIN_RECIPE
+from .metrics import fmt, pts
+from .runner import Arm, Scale, T
+
+SECTION = "## RL findings at small scale (bench/findings.py)"
+NAN = float("nan")
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def gain_cell(agg: dict) -> str:
+    if not agg.get("seeds"):
+        return "not run"
+    seeds = ", ".join(pts(g) for g in agg["gains"])
+    return f"**{pts(agg['gain'])}** ± {100 * agg['se']:.1f} ({seeds})"
+
+
+def span(agg: dict, a: str, b: str, spec: str = ".3f") -> str:
+    return f"{fmt(agg.get(a, NAN), spec)} → {fmt(agg.get(b, NAN), spec)}"
+
+
+def commands(arms: dict[str, Arm], prefix: str) -> str:
+    shown = [a for a in arms.values() if a.name.startswith(prefix)]
+    lines = [a.command for a in shown if not a.argv] + [a.command for a in shown if a.argv]
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
+def paragraphs(*parts: str) -> str:
+    return "\n\n".join(p.strip("\n") for p in parts if p and p.strip()) + "\n"
+
+
+def header(command: str, smoke: bool, n_arms: int, jobs: int, elapsed: float, failed: dict[str, str]) -> str:
+    """The report's heading: how it ran (``command``: the findings command line) and which arms did not finish."""
+    return paragraphs(
+        SECTION,
+        f"Command ({'smoke' if smoke else 'full'} mode; {n_arms} arms, {jobs} at a time, one CPU thread "
+        f"each; {elapsed / 60:.1f} min wall on {os.cpu_count()} CPU cores):",
+        "    " + command,
+        "Every arm is a real `rltt curate` / `rltt train` / `rltt pretrain` run of the shipped recipes (the exact "
+        "commands are under each finding). Held-out solve rates are at temperature 1. SE: the binomial standard "
+        "error of a mean final solve rate over all held-out samples of its seeds (a problem's samples are "
+        "correlated, so it is a slight underestimate); arms of the same seed start from the same evaluation.",
+        "Arms not done: " + "; ".join(f"{k} ({v})" for k, v in failed.items()) if failed else "")
+
+
+def md_band(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    pool = ", ".join(f"{p} {fmt(v['mean_solve_rate'], '.2f')}" for p, v in res["pool"].items())
+    rows = []
+    for band, b in res["bands"].items():
+        mix = ", ".join(f"{p} {n}" for p, n in b["by_preset"].items() if n)
+        rows.append([band, f"{b['window'][0]:g}–{b['window'][1]:g}", f"{b['prompts']} ({mix})",
+                     fmt(b["curated_solve_rate"], ".2f"), fmt(b.get("train_solve_rate", NAN), ".2f"),
+                     fmt(b.get("uniform_frac", NAN), ".2f"), span(b, "solve_start", "solve_end"), gain_cell(b)])
+    return paragraphs(
+        "### 1. Solve-rate band",
+        f"Pool: {scale.pool_per_preset} problems of each synthetic difficulty preset, curated by the quickstart "
+        f"model with {scale.curate_samples} samples per prompt (temperature 1); mean solve rate per preset: {pool}. "
+        f"Each band's kept set gets the same RL budget: {scale.rl_steps} steps of the quickstart recipe "
+        f"(8 prompts × G = 8), {scale.seeds} seed(s); held-out: {scale.eval_size} synthetic:quickstart problems "
+        f"× {scale.eval_samples} samples, the same set for every band.",
+        table(["band", "kept window", "prompts (by preset)", "curated solve rate", "RL batch solve rate",
+               "uniform-group fraction", "held-out start → end", "held-out gain, points (± SE; per seed)"], rows),
+        f"- {res['mixed_vs_high'][2]}.\n- {res['mixed_vs_low'][2]}.",
+        f"![solve-rate band]({fig})", "Commands:", commands(arms, "band-"))
+
+
+def review_flags(r: dict) -> str:
+    return "; ".join(sorted({f"`{d['id']}` ({d['severity']})" for rv in r["reviews"] for d in rv["diagnoses"]})) \
+        or "none"
+
+
+def md_lr(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    rows = [[name, fmt(r.get("kl_late_median", NAN), ".2e"), fmt(r.get("kl_end", NAN), ".2e"),
+             fmt(r.get("grad_norm_median", NAN), ".3f"), span(r, "solve_start", "solve_end"), gain_cell(r),
+             review_flags(r)] for name, r in res.items()]
+    evidence = [f"- lr {name}, `{d['id']}`: " + "; ".join(d["evidence"])
+                for name, r in res.items() for rv in r["reviews"][:1] for d in rv["diagnoses"]]
+    return paragraphs(
+        "### 2. Learning rate",
+        f"The quickstart recipe at each lr, {scale.lr_steps} steps (5 of warmup), {scale.lr_seeds} seed(s), then "
+        "`rltt review RUN_DIR --no-plots` on each run (kl/ref is logged every step; the not-moving check needs 20 "
+        "points, the drift check 10).",
+        table(["lr", "kl/ref, median of the late half", "kl/ref at the end", "grad norm median",
+               "held-out start → end", "held-out gain, points", "`rltt review` diagnoses"], rows),
+        "Review evidence:\n\n" + ("\n".join(evidence) or "- (no diagnosis fired)"),
+        f"![learning rate]({fig})", "Commands:", commands(arms, "lr-"))
+
+
+def md_dense(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    rows = []
+    for name in (f"T{T}", "T1"):
+        pre, r = res[name]["pretrain"], res[name]
+        per_loop = ", ".join(fmt(v) for v in pre.get("lm_loss_per_loop", []) if v is not None)
+        rows.append([name, fmt(pre.get("lm_loss", NAN)), per_loop or "–", fmt(pre.get("solve_rate", NAN)),
+                     span(r, "solve_start", "solve_end"), gain_cell(r), fmt(r.get("step_seconds", NAN), ".2f")])
+    note = ""
+    if arms[f"dense-pretrain-T{T}"].argv is None:
+        info = res[f"T{T}"]["pretrain"].get("reused_cache", {})
+        note = (f"The T = {T} arm is the cached quickstart model (`{info.get('model')}`): `{PRETRAIN_RECIPE}` as "
+                "`rltt.lm_training.quickstart_model` runs it, the same recipe and data as the T = 1 arm (deterministic on one "
+                "thread; `--retrain-t4` runs it again).")
+    diff = ""
+    if "start_difference" in res:
+        (d, se), (e, se_e) = res["start_difference"], res["end_difference"]
+        diff = (f"- Held-out solve rate (RL evaluation), T = {T} minus T = 1: {pts(d)} ± {100 * se:.1f} points before "
+                f"RL, {pts(e)} ± {100 * se_e:.1f} after {scale.rl_steps} RL steps.")
+    return paragraphs(
+        "### 3. Dense twin",
+        f"`{PRETRAIN_RECIPE}` with `model.config.num_loops` = {T} and = 1: the same shared block (the same "
+        f"parameters), tokenizer recipe, data, order and steps; T = 1 spends 1/{T} of the block compute. Then "
+        f"{scale.rl_steps} steps of the quickstart recipe from each, {scale.dense_seeds} seed(s). {note}",
+        table(["model", "held-out LM loss (Σ p_t L_t)", "per-loop LM loss L_1..L_T", "pretrain eval solve rate",
+               "RL held-out start → end", "RL gain, points", "RL step s"], rows),
+        diff, f"![dense twin]({fig})", "Commands:", commands(arms, "dense-"))
+
+
+def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    rows = []
+    for kind in CREDIT:
+        r = res[kind]
+        p0 = ", ".join(fmt(v, ".2f") for v in r.get("exit_p_first", [])) or "–"
+        p1 = ", ".join(fmt(v, ".2f") for v in r.get("exit_p_last", [])) or "–"
+        rows.append([kind, span(r, "solve_start", "solve_end"), gain_cell(r), f"{p0} → {p1}",
+                     span(r, "exit_step_start", "exit_step_end", ".2f"), fmt(r.get("step_seconds", NAN), ".2f")])
+    verdicts = [res["exit_vs_final"][2], *(v[2] for v in res["rltt_vs_final"].values())]
+    return paragraphs(
+        "### 4. Per-loop credit",
+        f"The quickstart recipe with `rollout.exit_policy=sample` (each token's exit drawn from the gate) and each "
+        f"`algorithm.policy_logprob`, {scale.rl_steps} steps, {scale.credit_seeds} seed(s), the same seeds for every arm. "
+        "Held-out evaluation samples exits too.",
+        table(["policy_logprob", "held-out start → end", "held-out gain, points",
+               "rollout exit p_1..p_4: first step → last 10 % of steps", "held-out mean exit step", "step s"], rows),
+        "\n".join(f"- {v}." for v in verdicts), f"![per-loop credit]({fig})", "Commands:", commands(arms, "credit-"))

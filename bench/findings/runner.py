@@ -1,0 +1,171 @@
+"""The arms of the findings and their scheduler: how big each arm is (`Scale`), one unit of work
+(`Arm`: an ``rltt`` command run as a subprocess, or an in-process function), `run_arms` (every arm
+once its dependencies are done, ``--jobs`` at a time) and the ``rltt train`` command of an RL arm."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RL_RECIPE = "recipes/quickstart.yaml"
+#: loops of the quickstart model (and of the T = 4 pretraining arm)
+T = 4
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big each arm is."""
+
+    seeds: int  # seeds of the band arms
+    credit_seeds: int
+    rl_steps: int  # RL steps of the band, dense and credit arms
+    lr_steps: int  # RL steps of the learning-rate arms
+    lr_seeds: int
+    dense_seeds: int
+    eval_size: int  # held-out problems of every RL evaluation ...
+    eval_samples: int  # ... x samples each
+    pool_per_preset: int  # band pool: prompts per difficulty preset
+    curate_samples: int  # completions per prompt when curating
+    pretrain: tuple[str, ...] = ()  # overrides of both pretraining arms
+    reuse_t4: bool = True  # the T = 4 arm is the cached quickstart model
+
+    @property
+    def n_eval(self) -> int:
+        """Held-out samples of one RL evaluation."""
+        return self.eval_size * self.eval_samples
+
+
+FULL = Scale(seeds=1, credit_seeds=2, rl_steps=40, lr_steps=40, lr_seeds=1, dense_seeds=1, eval_size=256, eval_samples=2,
+             pool_per_preset=128, curate_samples=16)
+SMOKE = Scale(seeds=1, credit_seeds=1, rl_steps=3, lr_steps=3, lr_seeds=1, dense_seeds=1, eval_size=8, eval_samples=1,
+              pool_per_preset=8, curate_samples=4, reuse_t4=False,
+              pretrain=("train.steps=4", "train.batch_size=4", "eval.every=4", "eval.loss_batches=1",
+                        "eval.solve_problems=4", "eval.max_new_tokens=16", "data.held_out_docs=8",
+                        "tokenizer.train_docs=200", "checkpoint.every=0", "logging.every=1"))
+
+
+@dataclass
+class Arm:
+    """One unit of work: a CLI command (``argv`` after ``rltt``) or an in-process function."""
+
+    name: str
+    argv: list[str] | None = None
+    fn: Callable[[], None] | None = None
+    describe: str = ""  # what an in-process arm does
+    deps: tuple[str, ...] = ()
+    cost: float = 1.0  # relative estimate, orders the queue (critical path first)
+    run_dir: Path | None = None
+    status: str = "pending"  # pending | running | done | failed | skipped
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def command(self) -> str:
+        return "rltt " + " ".join(shlex.quote(a) for a in self.argv) if self.argv else f"# {self.describe}"
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository root when it is inside it (shorter commands)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def train_argv(scale: Scale, run_dir: Path, seed: int, steps: int, extra: list[str]) -> list[str]:
+    return ["train", RL_RECIPE, *extra, f"seed={seed}", f"train.steps={steps}", f"train.eval_every={steps}",
+            f"data.eval_size={scale.eval_size}", f"train.eval_samples={scale.eval_samples}", "train.threads=1",
+            f"logging.run_dir={rel(run_dir)}", "logging.progress=false", "logging.review_at_end=false",
+            "checkpoint.every=0", "checkpoint.save_final=false"]
+
+
+def train_arm(out: Path, scale: Scale, name: str, seed: int, steps: int, extra: list[str], cost: float,
+              deps: tuple[str, ...] = ()) -> Arm:
+    """An RL arm: ``rltt train`` of the quickstart recipe with ``extra`` overrides, run in ``OUT/runs/NAME``."""
+    run = out / "runs" / name
+    return Arm(name, train_argv(scale, run, seed, steps, extra), deps=deps, cost=cost, run_dir=run)
+
+
+def done_arms(arms: dict[str, Arm], prefix: str) -> list[Arm]:
+    """The arms named ``prefix...`` that ran to the end."""
+    return [a for a in arms.values() if a.name.startswith(prefix) and a.status == "done"]
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # one thread per arm: OpenMP threads stall when other processes share the cores
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run_arms(arms: dict[str, Arm], logs: Path, jobs: int) -> None:
+    """Run every arm once its dependencies are done, ``jobs`` at a time (longest chain first); an
+    arm whose dependency failed is skipped."""
+    logs.mkdir(parents=True, exist_ok=True)
+    dependents: dict[str, list[str]] = {n: [] for n in arms}
+    for arm in arms.values():
+        for d in arm.deps:
+            dependents[d].append(arm.name)
+    chain: dict[str, float] = {}
+
+    def chain_cost(name: str) -> float:  # the arm's cost plus its longest chain of dependents
+        if name not in chain:
+            chain[name] = arms[name].cost + max((chain_cost(d) for d in dependents[name]), default=0.0)
+        return chain[name]
+
+    lock = threading.Condition()
+    env = child_env()
+    total, finished = len(arms), [0]
+    start = time.perf_counter()
+
+    def work(arm: Arm) -> None:
+        t0 = time.perf_counter()
+        try:
+            if arm.argv is not None:
+                with (logs / f"{arm.name}.log").open("w") as log:
+                    log.write(arm.command + "\n\n")
+                    log.flush()
+                    code = subprocess.call([sys.executable, "-m", "rltt.cli.main", *arm.argv], cwd=ROOT, env=env,
+                                           stdout=log, stderr=subprocess.STDOUT)
+                if code:
+                    tail = (logs / f"{arm.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                    raise RuntimeError(f"exit status {code}: " + " | ".join(tail))
+            else:
+                arm.fn()
+            status, error = "done", ""
+        except Exception as exc:  # noqa: BLE001 - reported per arm, dependents skipped
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+        with lock:
+            arm.status, arm.error, arm.seconds = status, error, time.perf_counter() - t0
+            finished[0] += 1
+            print(f"[{finished[0]:2d}/{total}] {arm.name}: {status} in {arm.seconds:.0f}s "
+                  f"(t = {time.perf_counter() - start:.0f}s){'  ' + error if error else ''}", file=sys.stderr,
+                  flush=True)
+            lock.notify_all()
+
+    with lock:
+        while True:
+            for arm in arms.values():  # skip what can no longer run
+                if arm.status == "pending" and any(arms[d].status in ("failed", "skipped") for d in arm.deps):
+                    arm.status, arm.error = "skipped", "a dependency failed"
+                    finished[0] += 1
+            running = sum(a.status == "running" for a in arms.values())
+            ready = sorted((a for a in arms.values() if a.status == "pending"
+                            and all(arms[d].status == "done" for d in a.deps)), key=lambda a: -chain_cost(a.name))
+            for arm in ready[:max(0, jobs - running)]:
+                arm.status = "running"
+                threading.Thread(target=work, args=(arm,), daemon=True).start()
+                running += 1
+            if running == 0 and not ready:
+                break
+            lock.wait()

@@ -1,0 +1,74 @@
+"""The ``ray`` orchestration: the run's engine a `RayRolloutPool` and its learner a
+`RayLearnerGroup`, driven by the very same loop and training step as a run in one process.
+
+The driver owns the prompt stream, seeds, rewards, advantages, metrics, evaluation and
+checkpoints; the actors own the weights. With ``orchestration.overlap: 1`` the step is an
+`OverlappedStep` (rollouts one version old). A learner's death (`LearnerGroupDied`) ends the
+trainer; `rltt.orchestration.trainer.train` rebuilds the parts and resumes from the newest
+checkpoint, up to ``orchestration.ray.learner_restarts`` times.
+
+``RUN_DIR/cluster.json`` lists every actor (role, node, pid, restarts) as the run goes.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from rltt.errors import RlttError
+from rltt.orchestration.parts import Orchestration, RunParts
+from rltt.orchestration.ray.builders import EngineFromDir, LearnerFromDir
+from rltt.orchestration.ray.orchestration_section import check_recipe
+from rltt.orchestration.ray.overlap import OverlappedStep
+from rltt.orchestration.train_recipe import TrainRecipe
+from rltt.runtime.distributed import Ranks
+
+CLUSTER_FILE = "cluster.json"
+
+
+def ray_ranks(recipe: TrainRecipe) -> Ranks:
+    """One driver process (the actors are the parallelism), once ray is importable and the
+    recipe's orchestration section is consistent."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise RlttError("orchestration.backend: 'ray' needs ray (pip install 'rltt[ray]')") from None
+    check_recipe(recipe)
+    return Ranks()
+
+
+def build_ray_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, ranks: Ranks,
+                    restarts: int = 0) -> RunParts:
+    """Connect to (or start) the cluster, then the learner group and the rollout pool; the driver
+    loads the tokenizer only (the model lives in the actors)."""
+    from transformers import AutoTokenizer
+
+    from rltt.orchestration.ray.cluster import ClusterLog, connect, disconnect
+    from rltt.orchestration.ray.learner_group import RayLearnerGroup
+    from rltt.orchestration.ray.rollout_pool import RayRolloutPool
+
+    r = recipe
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise RlttError(f"model.path: no tokenizer in {model_path} ({type(exc).__name__})") from None
+    cfg = r.orchestration.ray
+    started = connect(cfg)
+    learner = engine = None
+    try:
+        cluster = ClusterLog(run_dir / CLUSTER_FILE, restarts)
+        learner = RayLearnerGroup(LearnerFromDir(r, str(model_path)), cfg, cluster)
+        engine = RayRolloutPool(EngineFromDir(r, str(model_path)), cfg, cluster)
+    except BaseException:
+        for part in (engine, learner):
+            if part is not None:
+                part.close()
+        disconnect(started)
+        raise
+    step = partial(OverlappedStep, overlap=bool(r.orchestration.overlap), last_step=r.train.steps)
+    return RunParts(tokenizer, engine, learner, step=step, release=partial(disconnect, started))
+
+
+RAY = Orchestration(ranks=ray_ranks, build=build_ray_parts,
+                    planned_ranks=lambda recipe, ranks: recipe.orchestration.ray.learners,
+                    restarts_key="orchestration.ray.learner_restarts", rebuilds="the learner group")

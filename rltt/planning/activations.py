@@ -1,0 +1,111 @@
+"""Learner memory of one micro-batch: the activations autograd saves, and the log-prob kernels'
+workspace.
+
+**Activations** — the bytes of the tensors autograd saves in the score forward (what the
+backward reads), for n positions of which n_s are scored, b = bytes of the learner's dtype,
+d = hidden, q = Hq·D, kv = Hkv·D, F = intermediate, T loops, L layers::
+
+    norm(w, rows)  = 4·w + b·w + 4·rows   # the fp32 upcast x, the normed x before the weight, rstd
+    attention      = b·d + b·(2q + 2kv) + 4·Hq   # projections' input; SDPA's q, k, v, out; logsumexp
+                     (+ norm(D·Hq, Hq) + norm(D·Hkv, Hkv) with q/k norms)
+    mlp            = b·d + 4·b·F                 # projections' input; gate, act(gate), up, act·up
+    layer          = n_norms·norm(d, 1) + attention + mlp     (n_norms: 2 pre/post, 4 sandwich/ouro)
+    step           = L·layer + norm(d, 1)·[final norm] + b·d·[scalar injection, t > 1]
+    per position   = T·step + T·(b·d + 4)  (the stacked h_t the exit gate reads, λ_t)
+                     + 8 + 2·D·b + 1        (token ids, the RoPE cos/sin tables, the score mask)
+    per scored     = T·b·d + 16·T + 16      (the h_t gathered for the log-prob kernel, its logsumexp,
+                                             entropy, targets; the exit-distribution terms)
+    activations    = n·per position + n_s·per scored
+
+The attention output needs no copy (SDPA returns it in the (B, S, H, D) layout the output
+projection reads). The RMSNorm term is the composite one (CPU, and every bf16 norm); CUDA's fused
+fp32 ``rms_norm`` saves less (4·w + 4·rows), so fp32 on a GPU is slightly over-counted.
+
+**Activation checkpointing** (``learner.activation_checkpointing``, one checkpoint per (loop,
+layer)): each of the T·L layer calls keeps only its input hidden state, and the backward
+recomputes one layer at a time::
+
+    step_ckpt = L·b·d + norm(d, 1)·[final norm] + b·d·[scalar injection, t > 1]
+    activations_ckpt = n·(per position with step_ckpt) + n_s·per scored + n·layer   (one layer recomputed)
+
+Packing (``learner.pack_sequences``) computes a group's shared prompt once; the plan does not
+credit it (it bounds the padded forward: every row's prompt + completion).
+
+**Log-prob kernel workspace** (`rltt.kernels`), M = T·n_s rows, vocabulary chunk
+c = `default_chunk_size`\\ (M, V), weight V×d in b_w bytes; the backward is the peak::
+
+    triton (CUDA):  g buffer M·c·b + grad_h M·d·4 + grad_W V·d·b_w + grad_h cast M·d·b
+    chunked (CPU):  logits and p 2·M·c·4 + grad_h M·d·4 + fp32 h M·d·4·[b ≠ 4] + fp32 weight chunk
+                    c·d·4·[b_w ≠ 4] + grad_W V·d·b_w + grad_h cast M·d·b·[b ≠ 4]
+
+plus the gradient of the stacked per-step states flowing back, T·n·d·b.
+"""
+
+from __future__ import annotations
+
+from rltt.kernels._common import default_chunk_size
+from rltt.planning.shapes import ModelShape
+
+
+def norm_bytes(width: int, rows: int, b: int) -> int:
+    """Saved by one RMSNorm over ``width`` features in ``rows`` rows (per position)."""
+    return 4 * width + b * width + 4 * rows
+
+
+def attention_bytes(shape: ModelShape, b: int) -> int:
+    saved = b * shape.hidden + b * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.heads
+    if shape.qk_norm:
+        saved += norm_bytes(shape.q_dim, shape.heads, b) + norm_bytes(shape.kv_dim, shape.kv_heads, b)
+    if shape.lora_rank:
+        saved += b * shape.lora_rank * sum(t in shape.lora_targets for t in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return saved
+
+
+def mlp_bytes(shape: ModelShape, b: int) -> int:
+    saved = b * shape.hidden + 4 * b * shape.intermediate
+    if shape.lora_rank:
+        saved += b * shape.lora_rank * sum(t in shape.lora_targets for t in ("gate_proj", "up_proj", "down_proj"))
+    return saved
+
+
+def layer_bytes(shape: ModelShape, b: int) -> int:
+    """Saved per position by one call of one decoder layer."""
+    return shape.norms_per_layer * norm_bytes(shape.hidden, 1, b) + attention_bytes(shape, b) + mlp_bytes(shape, b)
+
+
+def _per_position(shape: ModelShape, b: int, checkpointing: bool) -> int:
+    d, T = shape.hidden, shape.loops
+    block = shape.layers * (b * d if checkpointing else layer_bytes(shape, b))
+    step = block + norm_bytes(d, 1, b) * shape.final_norm
+    injected = b * d * (T - 1) * shape.injection
+    return T * step + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1
+
+
+def _per_scored(shape: ModelShape, b: int) -> int:
+    return shape.loops * b * shape.hidden + 16 * shape.loops + 16
+
+
+def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False) -> int:
+    """Bytes autograd keeps for a forward over ``positions`` positions, ``scored`` of them scored
+    (see the module docstring); with ``checkpointing`` one layer's recompute included."""
+    total = positions * _per_position(shape, b, checkpointing) + scored * _per_scored(shape, b)
+    if checkpointing:
+        total += positions * layer_bytes(shape, b)
+    return total
+
+
+def logits_workspace_bytes(shape: ModelShape, b: int, weight_bytes: int, positions: int, scored: int,
+                           impl: str) -> int:
+    """Peak extra bytes of the per-loop log-prob kernels' backward (``impl``: triton | chunked),
+    plus the gradient of the stacked per-step states (module docstring)."""
+    d, V = shape.hidden, shape.vocab
+    rows = shape.loops * scored
+    chunk = default_chunk_size(rows, V)
+    grad_w = V * d * weight_bytes
+    if impl == "triton":
+        kernel = rows * chunk * b + rows * d * 4 + grad_w + rows * d * b
+    else:
+        wide = b != 4
+        kernel = (2 * rows * chunk * 4 + rows * d * 4 + rows * d * 4 * wide + chunk * d * 4 * (weight_bytes != 4)
+                  + grad_w + rows * d * b * wide)
+    return kernel + shape.loops * positions * d * b

@@ -1,0 +1,125 @@
+"""Per-device bytes of each part of a run, and the two phases' peaks.
+
+P parameters, b = bytes of the trained dtype (`RunSettings.train_bytes`), N = ranks (``--gpus``),
+part = ⌈P / N⌉ (a ZeRO partition)::
+
+    weights         b·P                 (ZeRO-3: b·part + b·(largest module + prefetch bucket) gathered)
+    reference       b·P when algorithm.kl_coef > 0 or algorithm.track_kl (a frozen full copy, cast to the
+                    policy's dtype: `rltt.learner.learner.Learner`)
+    engine_copy     b_engine·P when the native engine does not share the learner's model
+                    (`rltt.orchestration.components.shares_model`)
+    vllm            rollout.engine=vllm: gpu_memory_utilization × device memory (GPU);
+                    kv_cache_gb + b_engine·P (CPU)
+    optimizer       AdamW's two moments: torch 2·b·P (in the parameters' dtype); DeepSpeed 8·P (ZeRO 0),
+                    8·part (ZeRO ≥ 1)
+    master_weights  DeepSpeed only: fp32 copy 4·P (ZeRO 0 with bf16), 4·part (ZeRO ≥ 1); torch keeps none
+    gradients       torch b·P; DeepSpeed ZeRO 0/1 b·P; ZeRO 2/3 b·part + b·min(reduce bucket 5e8, P)
+    step_workspace  at the optimizer step (activations are freed by then): DeepSpeed's fp32 gradients
+                    (4·P ZeRO 0 with bf16, 4·part ZeRO ≥ 1) + AdamW's foreach temporaries (one moment
+                    of the local parameters on CUDA; two copies of the largest tensor on CPU)
+    runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB), plus a
+                    reserve of 5 % of the device for allocator fragmentation and untracked tensors
+
+Activations and the log-prob workspace: `rltt.planning.activations`; rollout KV, state and
+workspace: `rltt.planning.rollout_memory`. Phases::
+
+    rollout = resident + rollout_kv + rollout_state + rollout_workspace
+    learner = resident + gradients + max(activations + logits_workspace, step_workspace)
+    resident = runtime + weights + reference + engine_copy + vllm + optimizer + master_weights
+
+(the native engine frees its chunk's buffers before the learner runs; gradients are dropped after
+each optimizer step). The vLLM engine's KV lives inside its share, so its rollout terms are 0.
+"""
+
+from __future__ import annotations
+
+from rltt.planning import activations as act
+from rltt.planning import rollout_memory as rm
+from rltt.planning.run_settings import RunSettings
+from rltt.planning.shapes import ModelShape
+
+GIB = 1 << 30
+RUNTIME = {"cuda": GIB, "cpu": GIB // 2}
+RESERVE_FRACTION = 0.05  # of the device: allocator fragmentation, untracked tensors
+DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
+DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
+
+RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights")
+ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace")
+LEARNER = ("gradients", "activations", "logits_workspace", "step_workspace")
+ORDER = RESIDENT + ROLLOUT + LEARNER
+
+
+def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, int]:
+    P, b = shape.parameters, s.train_bytes
+    part = -(-P // s.gpus)
+    ds = s.backend == "deepspeed"
+    weights = b * P
+    if ds and s.zero_stage == 3:
+        weights = b * part + b * (shape.largest_module_parameters + min(DS_PREFETCH_BUCKET, P))
+    if not ds:
+        optimizer, master = 2 * b * P, 0
+    elif s.zero_stage == 0:
+        optimizer, master = 8 * P, 4 * P * (s.train_bytes == 2)
+    else:
+        optimizer, master = 8 * part, 4 * part
+    if s.engine == "vllm":
+        vllm = int(s.vllm_utilization * device_bytes) if s.device == "cuda" else \
+            int(s.vllm_kv_gb * GIB) + s.engine_bytes * P
+    else:
+        vllm = 0
+    return {
+        "runtime": RUNTIME[s.device] + int(RESERVE_FRACTION * device_bytes),
+        "weights": weights,
+        "reference": b * P if s.needs_reference else 0,
+        "engine_copy": s.engine_bytes * P if s.engine == "native" and not s.shares_model else 0,
+        "vllm": vllm,
+        "optimizer": optimizer,
+        "master_weights": master,
+    }
+
+
+def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
+    P, b = shape.parameters, s.train_bytes
+    part = -(-P // s.gpus)
+    ds = s.backend == "deepspeed"
+    local = part if ds and s.zero_stage >= 1 else P
+    if ds and s.zero_stage >= 2:
+        gradients = b * part + b * min(DS_REDUCE_BUCKET, P)
+    else:
+        gradients = b * P
+    fp32_grads = 0
+    if ds:
+        fp32_grads = 4 * part if s.zero_stage >= 1 else 4 * P * (b == 2)
+    moment_bytes = 4 if ds else b
+    foreach = moment_bytes * local if s.device == "cuda" else 2 * moment_bytes * shape.largest_module_parameters
+    rows = s.micro_rows
+    positions, scored = rows * s.sequence_tokens, rows * s.completion_tokens
+    impl = "triton" if s.device == "cuda" else "chunked"
+    return {
+        "gradients": gradients,
+        "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing),
+        "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
+        "step_workspace": fp32_grads + foreach,
+    }
+
+
+def rollout(shape: ModelShape, s: RunSettings, rows: int) -> dict[str, int]:
+    if s.engine == "vllm" or rows <= 0:
+        return dict.fromkeys(ROLLOUT, 0)
+    b, seq = s.engine_bytes, s.sequence_tokens
+    return {
+        "rollout_kv": rm.kv_bytes(shape, rows, seq, b),
+        "rollout_state": rm.state_bytes(shape, rows, seq, b),
+        "rollout_workspace": rm.workspace_bytes(shape, rows, s.group_size, s.prompt_tokens, b, s.top_p, s.top_k),
+    }
+
+
+def phases(components: dict[str, int]) -> dict[str, int]:
+    """The rollout and learner phases' peak bytes from a full components map."""
+    base = sum(components[k] for k in RESIDENT)
+    return {
+        "rollout": base + sum(components[k] for k in ROLLOUT),
+        "learner": base + components["gradients"] + max(components["activations"] + components["logits_workspace"],
+                                                         components["step_workspace"]),
+    }

@@ -1,0 +1,72 @@
+"""The plan as text: an aligned table of the per-device components (GiB), the phases' peaks,
+the rollout chunk and the verdict."""
+
+from __future__ import annotations
+
+from rltt.planning.footprint import GIB, LEARNER, RESIDENT, ROLLOUT
+
+LABELS = {
+    "runtime": "runtime + 5 % reserve",
+    "weights": "policy weights",
+    "reference": "reference model",
+    "engine_copy": "engine copy of the weights",
+    "vllm": "vLLM share",
+    "optimizer": "optimizer moments (AdamW)",
+    "master_weights": "fp32 master weights",
+    "rollout_kv": "rollout KV",
+    "rollout_state": "rollout carry/gates/tokens",
+    "rollout_workspace": "sampling / prefill workspace",
+    "gradients": "gradients",
+    "activations": "activations (one micro-batch)",
+    "logits_workspace": "log-prob kernel workspace",
+    "step_workspace": "optimizer-step workspace",
+}
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f}"
+
+
+def format_plan(plan, title: str = "") -> str:
+    width = max(len(label) for label in LABELS.values()) + 2
+    lines = []
+    if title:
+        lines.append(title)
+    lines += [
+        f"model: {plan.model_kind}, {plan.parameters:,} parameters, T={plan.loops} loops × L={plan.layers} layers, "
+        f"trained in {plan.train_dtype}",
+        f"device: {plan.device}, {plan.device_bytes / GIB:.2f} GiB per device × {plan.gpus}",
+        f"rows: {plan.rows_per_rank} rollout rows per step per rank, {plan.prompt_tokens} prompt + "
+        f"{plan.completion_tokens} completion = {plan.sequence_tokens} positions each; learner micro-batch "
+        f"{plan.micro_batch_rows} rows, activation checkpointing {'on' if plan.checkpointing else 'off'}",
+        f"rollout KV per token: {plan.kv_bytes_per_token:,} bytes (all {plan.loops * plan.layers} (loop, layer) slots)",
+        "",
+        f"{'component':<{width}}{'GiB':>8}  phase",
+    ]
+    for group, phase in ((RESIDENT, "both"), (ROLLOUT, "rollout"), (LEARNER, "learner")):
+        for key in group:
+            value = plan.components.get(key, 0)
+            if value or key in ("weights", "reference", "gradients", "optimizer", "activations", "rollout_kv"):
+                lines.append(f"{LABELS[key]:<{width}}{_gib(value)}  {phase}")
+    rows = plan.rollout_rows_per_chunk
+    chunk = "vLLM" if plan.engine == "vllm" else f"{rows} rows per chunk" if rows else "not even one group fits"
+    lines += [
+        "",
+        f"{'rollout phase peak':<{width}}{_gib(plan.phases['rollout'])}  ({chunk})",
+        f"{'learner phase peak':<{width}}{_gib(plan.phases['learner'])}",
+        f"{'peak':<{width}}{_gib(plan.peak_bytes)}  of {plan.device_bytes / GIB:.2f} GiB",
+        "",
+    ]
+    setting = "auto" if plan.chunk_rows_setting == "auto" else f"rollout.chunk_rows={plan.chunk_rows_setting}"
+    if plan.engine == "vllm":
+        lines.append(f"rollout: vLLM batches the step's {plan.rows_per_rank} rows itself (rollout.chunk_rows unused)")
+    elif rows:
+        lines.append(f"rollout chunk: {rows} rows ({setting}; {plan.chunks_per_step} chunk(s) per step)")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    if plan.fits:
+        lines.append(f"verdict: fits — rollout phase {plan.phases['rollout'] / GIB:.1f} GiB ({chunk}), "
+                     f"learner phase {plan.phases['learner'] / GIB:.1f} GiB, of {plan.device_bytes / GIB:.1f} GiB")
+    else:
+        lines.append(f"verdict: {plan.problem}")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""Rollout memory of the native engine for one chunk of R rows (`rltt.rollout.executor.PassExecutor`),
+S = prompt + completion positions per row, b = bytes of the engine's dtype::
+
+    rollout_kv        = R · S · T·L · 2 · Hkv · D · b        (StepKVCache: keys and values of every slot)
+    rollout_state     = R · S · (d·b + 4·T + 8)              (per-token carry, gates λ_t, token ids)
+    rollout_workspace = max(sampling, prefill)
+        sampling      = R · V · (24 + 28·[top_p < 1] + 4·[top_k])
+                        (fp32 logits and tempered scores, the float64 softmax and its CDF; top-p
+                        adds the sort, its indices and its softmax/cumsum)
+        prefill       = R/G · (P − 1) · b · (4d + 2q + 2kv + 3F) + R/G · n_rep · (P − 1)² · b
+                        (the shared prefill pass runs each prompt's P − 1 positions once, without
+                        gradients: one layer's tensors at a time, and the additive attention mask)
+"""
+
+from __future__ import annotations
+
+from rltt.planning.shapes import ModelShape
+
+
+def kv_bytes(shape: ModelShape, rows: int, positions: int, b: int) -> int:
+    return rows * positions * shape.kv_bytes_per_token(b)
+
+
+def state_bytes(shape: ModelShape, rows: int, positions: int, b: int) -> int:
+    return rows * positions * (shape.hidden * b + 4 * shape.loops + 8)
+
+
+def sampling_bytes(shape: ModelShape, rows: int, top_p: float, top_k: int) -> int:
+    per_logit = 24 + 28 * (top_p < 1.0) + 4 * (top_k > 0)
+    return rows * shape.vocab * per_logit
+
+
+def prefill_bytes(shape: ModelShape, prompts: int, prompt_tokens: int, b: int) -> int:
+    items = prompts * max(prompt_tokens - 1, 0)
+    per_item = b * (4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 3 * shape.intermediate)
+    n_rep = shape.heads // shape.kv_heads
+    return items * per_item + prompts * n_rep * max(prompt_tokens - 1, 0) ** 2 * b
+
+
+def workspace_bytes(shape: ModelShape, rows: int, group_size: int, prompt_tokens: int, b: int,
+                    top_p: float, top_k: int) -> int:
+    prompts = -(-rows // group_size)
+    return max(sampling_bytes(shape, rows, top_p, top_k), prefill_bytes(shape, prompts, prompt_tokens, b))

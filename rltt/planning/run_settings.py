@@ -1,0 +1,117 @@
+"""`RunSettings`: the recipe values memory depends on, read once from a `TrainRecipe`.
+
+The planner works on these numbers, not on the recipe, so trying a change (``learner.micro_batch_size=2``,
+``learner.activation_checkpointing=true``) is a `dataclasses.replace` — `KEYS` names the recipe key
+of each field for the verdict line. ``learner.activation_checkpointing`` is read with ``getattr``
+(False when the recipe schema has no such key yet).
+
+Sequence length: ``data.max_prompt_tokens`` + the completion width, which is
+``rollout.max_new_tokens`` or, with a thinking budget (``rollout.thinking.budget`` > 0), the longest
+forced completion ``budget + interruption + answer_budget`` when that is longer — the width the
+native engine preallocates. Without a tokenizer the interruption's token count is bounded by its
+UTF-8 bytes (a byte-level BPE token covers at least one byte).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+#: RunSettings field -> the recipe key a user changes
+KEYS = {
+    "micro_batch_size": "learner.micro_batch_size",
+    "checkpointing": "learner.activation_checkpointing",
+    "zero_stage": "learner.zero_stage",
+    "backend": "learner.backend",
+    "needs_reference": "algorithm.track_kl",
+    "chunk_rows": "rollout.chunk_rows",
+    "completion_tokens": "rollout.max_new_tokens",
+    "prompt_tokens": "data.max_prompt_tokens",
+    "vllm_utilization": "rollout.vllm.gpu_memory_utilization",
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    device: Literal["cuda", "cpu"]
+    gpus: int
+    model_dtype: str
+    learner_dtype: str
+    backend: str
+    zero_stage: int
+    micro_batch_size: int
+    checkpointing: bool
+    needs_reference: bool
+    kl_coef: float
+    engine: str
+    vllm_utilization: float
+    vllm_kv_gb: float
+    prompts_per_step: int
+    group_size: int
+    prompt_tokens: int
+    completion_tokens: int
+    top_p: float
+    top_k: int
+    chunk_rows: int | str
+
+    @classmethod
+    def from_recipe(cls, recipe, device: str, gpus: int = 1) -> "RunSettings":
+        r, learner, algo = recipe.rollout, recipe.learner, recipe.algorithm
+        return cls(
+            device=device, gpus=gpus, model_dtype=recipe.model.dtype, learner_dtype=learner.dtype,
+            backend=learner.backend, zero_stage=int(learner.zero_stage) if learner.backend == "deepspeed" else 0,
+            micro_batch_size=learner.micro_batch_size,
+            checkpointing=bool(getattr(learner, "activation_checkpointing", False)),
+            needs_reference=algo.kl_coef > 0 or algo.track_kl, kl_coef=algo.kl_coef,
+            engine=r.engine, vllm_utilization=r.vllm.gpu_memory_utilization, vllm_kv_gb=r.vllm.kv_cache_gb,
+            prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+            prompt_tokens=recipe.data.max_prompt_tokens,
+            completion_tokens=completion_width(r), top_p=r.top_p, top_k=r.top_k,
+            chunk_rows=r.chunk_rows,
+        )
+
+    # -- dtypes ------------------------------------------------------------------------------
+    @property
+    def train_bytes(self) -> int:
+        """Bytes per parameter of the trained policy: the torch learner casts to ``learner.dtype``;
+        DeepSpeed runs bf16 when ``learner.dtype`` is bf16 and keeps the loaded dtype otherwise."""
+        if self.backend == "torch" or self.learner_dtype == "bf16":
+            return DTYPE_BYTES[self.learner_dtype]
+        return DTYPE_BYTES[self.model_dtype]
+
+    @property
+    def engine_bytes(self) -> int:
+        """The engines sample in ``learner.dtype`` (`rltt.orchestration.components.engine_dtype`)."""
+        return DTYPE_BYTES[self.learner_dtype]
+
+    @property
+    def shares_model(self) -> bool:
+        """`rltt.orchestration.components.shares_model`: the native engine samples with the torch
+        learner's own tensors when the learner keeps the model's dtype."""
+        return self.engine == "native" and self.backend == "torch" and self.learner_dtype == self.model_dtype
+
+    # -- batch geometry ------------------------------------------------------------------------
+    @property
+    def sequence_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def rows_per_rank(self) -> int:
+        """Rollout rows one rank samples per step: its share of the prompts, G rows each."""
+        return -(-self.prompts_per_step // self.gpus) * self.group_size
+
+    @property
+    def micro_rows(self) -> int:
+        """Rows per learner micro-batch (`rltt.learner.Learner`: min(micro_batch_size, batch))."""
+        return min(self.micro_batch_size, self.rows_per_rank)
+
+
+def completion_width(rollout) -> int:
+    """The completion positions the engine allocates per row (module docstring)."""
+    thinking = rollout.thinking
+    if not thinking.budget:
+        return rollout.max_new_tokens
+    forced = thinking.budget + len(thinking.interruption.encode("utf-8")) + thinking.answer_budget
+    return max(rollout.max_new_tokens, forced)

@@ -1,0 +1,155 @@
+"""`plan_run`: components per device, phases, the rollout chunk and the verdict line."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rltt.errors import RlttError
+from rltt.orchestration.train_recipe import load_train_recipe
+from rltt.planning import plan_run
+from rltt.planning.footprint import GIB
+from tests.planning.helpers import OURO_1_4B, TINY_LOOPED
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REQUIRED = ("weights", "reference", "gradients", "optimizer", "activations", "rollout_kv")
+
+
+def gsm8k(*overrides):
+    return load_train_recipe(RECIPES / "gsm8k.yaml", ["model.path=quickstart", *overrides])
+
+
+def test_gsm8k_ouro_at_80_gib_needs_checkpointing_or_smaller_micro_batches():
+    plan = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, device="cuda")
+    assert plan.parameters == 1_434_652_673 and plan.kv_bytes_per_token == 786_432
+    assert all(plan.components[k] > 0 for k in REQUIRED)
+    assert not plan.fits
+    assert plan.phases["learner"] > 80 * GIB >= plan.phases["rollout"]
+    assert "learner.activation_checkpointing=true" in plan.problem and "learner.micro_batch_size=" in plan.problem
+    assert "\n" not in plan.problem
+    # the rollout KV of the chosen chunk, by hand: rows x (512 prompt + 512 new) x 786,432 bytes
+    assert plan.components["rollout_kv"] == plan.rollout_rows_per_chunk * 1024 * 786_432
+
+
+def test_checkpointing_is_read_with_getattr_and_makes_it_fit():
+    recipe = gsm8k()
+    recipe.learner.activation_checkpointing = True  # the key another change adds to LearnerConfig
+    plan = plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda")
+    assert plan.fits and plan.checkpointing and plan.problem is None
+    assert plan.components["activations"] < 8 * GIB
+
+
+def test_components_follow_the_recipe():
+    base = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, device="cuda")
+    P = base.parameters
+    assert base.components["weights"] == base.components["reference"] == 2 * P  # bf16, track_kl keeps a reference
+    assert base.components["engine_copy"] == 2 * P  # DeepSpeed does not share its module with the engine
+    assert base.components["optimizer"] == 8 * P and base.components["master_weights"] == 4 * P  # ZeRO-2, 1 rank
+    no_ref = plan_run(gsm8k("algorithm.track_kl=false"), OURO_1_4B, 80 * GIB, device="cuda")
+    assert no_ref.components["reference"] == 0
+    assert plan_run(gsm8k("algorithm.track_kl=false", "algorithm.kl_coef=0.01"), OURO_1_4B, 80 * GIB,
+                    device="cuda").components["reference"] == 2 * P
+    four = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, gpus=4, device="cuda")
+    assert four.components["optimizer"] == 8 * -(-P // 4) and four.rows_per_rank == 128
+    shared = plan_run(gsm8k("learner.backend=torch", "learner.dtype=bf16"), OURO_1_4B, 80 * GIB, device="cuda")
+    assert shared.components["engine_copy"] == 0 and shared.components["master_weights"] == 0
+    assert shared.components["optimizer"] == 2 * 2 * P  # torch AdamW keeps bf16 moments for bf16 parameters
+    fp32 = plan_run(gsm8k("learner.backend=torch", "learner.dtype=fp32"), OURO_1_4B, 80 * GIB, device="cuda")
+    assert fp32.components["engine_copy"] == 4 * P  # model.dtype bf16 != learner.dtype fp32: the engine copies
+
+
+def test_vllm_takes_its_share_and_has_no_native_kv():
+    recipe = gsm8k("rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.gpu_memory_utilization=0.3")
+    plan = plan_run(recipe, OURO_1_4B, 141 * GIB, device="cuda")
+    assert plan.components["vllm"] == int(0.3 * 141 * GIB)
+    assert plan.components["rollout_kv"] == 0 and plan.components["engine_copy"] == 0
+    assert plan.rollout_rows_per_chunk == plan.rows_per_rank
+
+
+def test_thinking_budget_widens_the_sequence():
+    plain = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, device="cuda")
+    thinking = plan_run(gsm8k("rollout.thinking.budget=512", "rollout.thinking.answer_budget=64"), OURO_1_4B,
+                        80 * GIB, device="cuda")
+    assert thinking.completion_tokens > plain.completion_tokens == 512
+    assert plan_run(gsm8k("data.max_prompt_tokens=256"), OURO_1_4B, 80 * GIB, device="cuda").sequence_tokens == 768
+
+
+def test_explicit_chunk_rows_is_used_and_a_too_large_one_names_the_key():
+    recipe = gsm8k("rollout.chunk_rows=16")
+    recipe.learner.activation_checkpointing = True
+    plan = plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda")
+    assert plan.fits and plan.rollout_rows_per_chunk == 16
+    recipe = gsm8k("rollout.chunk_rows=256")
+    recipe.learner.activation_checkpointing = True
+    plan = plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda")
+    assert not plan.fits and plan.rollout_rows_per_chunk == 256
+    assert "rollout.chunk_rows=" in plan.problem and "\n" not in plan.problem
+
+
+def test_not_even_one_group_fits():
+    plan = plan_run(gsm8k(), OURO_1_4B, 30 * GIB, device="cuda")
+    assert not plan.fits and plan.rollout_rows_per_chunk == 0
+    assert "rollout phase" in plan.problem and "\n" not in plan.problem
+
+
+_RECIPE = None
+
+
+def _recipe():
+    global _RECIPE
+    if _RECIPE is None:
+        _RECIPE = gsm8k()
+        _RECIPE.learner.activation_checkpointing = True
+    return _RECIPE
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=st.integers(20, 600), b=st.integers(20, 600), gpus=st.sampled_from([1, 2, 8]),
+       group=st.sampled_from([2, 4, 8, 16]))
+def test_chunk_rows_are_whole_groups_and_monotone_in_device_memory(a, b, gpus, group):
+    recipe = _recipe()
+    recipe.rollout.group_size = group
+    low, high = (plan_run(recipe, OURO_1_4B, gib * GIB, gpus=gpus, device="cuda") for gib in sorted((a, b)))
+    for plan in (low, high):
+        rows = plan.rollout_rows_per_chunk
+        assert rows % group == 0 and rows <= plan.rows_per_rank <= -(-64 // gpus) * group
+        assert plan.components["rollout_kv"] == max(rows, group) * plan.sequence_tokens * 786_432
+        if 0 < rows < plan.rows_per_rank:  # the largest: one more group would not fit
+            per_group = group * plan.sequence_tokens * 786_432
+            assert plan.phases["rollout"] + per_group > plan.device_bytes
+    assert low.rollout_rows_per_chunk <= high.rollout_rows_per_chunk
+
+
+def test_tiny_model_on_cpu_fits():
+    recipe = load_train_recipe(RECIPES / "quickstart.yaml", [])
+    plan = plan_run(recipe, TINY_LOOPED, 4 * GIB, device="cpu")
+    assert plan.fits and plan.rollout_rows_per_chunk == plan.rows_per_rank == 64
+    assert plan.prompt_tokens == 511  # capped at the model's 512 positions
+
+
+@pytest.mark.parametrize("override,message", [
+    ("rollout.chunk_rows=12", "multiple of rollout.group_size=8"),
+    ("rollout.chunk_rows=0", "multiple of rollout.group_size=8"),
+    ("rollout.chunk_rows=-8", "multiple of rollout.group_size=8"),
+    ("rollout.chunk_rows=many", "rollout.chunk_rows"),
+    ("rollout.chunk_rows=1.5", "rollout.chunk_rows"),
+    ("data.max_prompt_tokens=0", "data.max_prompt_tokens"),
+    ("data.drop_long_prompts=maybe", "data.drop_long_prompts"),
+])
+def test_new_recipe_keys_are_checked_naming_the_key(override, message):
+    with pytest.raises(RlttError) as info:
+        gsm8k(override)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    key = override.split("=")[0]
+    assert f"'{key}'" in text
+
+
+def test_new_recipe_keys_load():
+    recipe = gsm8k("rollout.chunk_rows=64", "data.max_prompt_tokens=300", "data.drop_long_prompts=true")
+    assert (recipe.rollout.chunk_rows, recipe.data.max_prompt_tokens, recipe.data.drop_long_prompts) == (64, 300, True)
+    assert gsm8k("rollout.chunk_rows=auto").rollout.chunk_rows == "auto"
+    default = gsm8k()
+    assert (default.rollout.chunk_rows, default.data.max_prompt_tokens, default.data.drop_long_prompts) == \
+        ("auto", 512, False)
