@@ -10,7 +10,7 @@ from .dense import PRETRAIN_RECIPE
 from .metrics import fmt, pts
 from .runner import Arm, Scale, T
 
-SECTION = "## RL findings at small scale (bench/findings.py)"
+SECTION = "## RL findings at small scale (bench/findings/)"
 NAN = float("nan")
 
 

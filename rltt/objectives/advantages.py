@@ -93,7 +93,8 @@ def reinforce_pp(grouped: torch.Tensor, scale: str, eps: float) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, the "-baseline" form for groups): subtract the group mean, then
     whiten over the whole batch, ``(x − mean_B x) / (std_B x + δ)``."""
     if scale != "batch":
-        raise RlttError(f"advantage 'reinforce_pp' normalises over the batch: advantage_scale must be 'batch', got {scale!r}")
+        raise RlttError("advantage 'reinforce_pp' normalises over the batch: advantage_scale must be 'batch', "
+                        f"got {scale!r}")
     x = grouped - grouped.mean(dim=1, keepdim=True)
     return (x - x.mean()) / (_std(x.flatten()).to(x) + eps)
 

@@ -169,9 +169,10 @@ def policy_loss(
     c is the rollout ``correction``'s stop-gradient weight
     (:data:`rltt.objectives.corrections.CORRECTIONS`) from ``rollout_logp`` — the learner's
     log-prob at the rollout weights (default: ``old_logp``, for ``reinforce`` without it the
-    current logp, detached) — and ``behaviour_logp``, the sampler's. ``tis_cap`` is the alias of
-    ``correction="token_tis"`` with that cap. Tokens a correction masks contribute exactly
-    nothing. ``advantages`` is (B,) or per-token (B, S).
+    current logp, detached) — and ``behaviour_logp``, the sampler's, with the cap and band of
+    ``correction_params``. ``tis_cap`` is the alias of ``correction="token_tis"`` with that cap.
+    Tokens a correction masks contribute exactly nothing (they are also left out of GSPO's
+    sequence ratio) and still count in the normaliser. ``advantages`` is (B,) or per-token (B, S).
     """
     _choice("policy loss kind", kind, POLICY_LOSS_KINDS)
     _choice("loss aggregation", agg, AGGREGATIONS)
@@ -193,19 +194,15 @@ def policy_loss(
     keep = mask.bool()
 
     anchor = logp.detach() if old_logp is None else old_logp.detach()
-    low_eps = spec.defaults[0] if eps_low is None else eps_low
-    high_eps = spec.defaults[1] if eps_high is None else eps_high
-    terms = spec.fn(logp, anchor, adv, keep, low_eps, high_eps)
-    per_token = terms.per_token
-
     params = correction_params or CorrectionParams()
     if tis_cap is not None:
         if tis_cap <= 0:
             raise RlttError(f"tis_cap must be positive, got {tis_cap}")
         if correction not in ("none", "token_tis"):
-            raise RlttError(f"tis_cap is the token_tis correction; it cannot be combined with correction {correction!r}")
+            raise RlttError(f"tis_cap is the token_tis correction; it cannot be combined with correction "
+                            f"{correction!r}")
         correction, params = "token_tis", CorrectionParams(tis_cap, params.lo, params.hi)
-    weights = None
+    weights, active = None, keep
     if correction != "none":
         if behaviour_logp is None:
             raise RlttError(f"rollout correction {correction!r} needs behaviour_logp (the sampler's log-probs)")
@@ -213,8 +210,14 @@ def policy_loss(
             raise RlttError(f"policy_loss: behaviour_logp shape {tuple(behaviour_logp.shape)} != logp shape {tuple(logp.shape)}")
         learner = anchor if rollout_logp is None else rollout_logp.detach()
         weights = correction_weights(correction, learner, behaviour_logp, keep, params)
-        # a masked token contributes nothing, even where its ℓ is not finite
-        per_token = torch.where(weights.masked, torch.zeros_like(per_token), per_token * weights.weight)
+        active = keep & ~weights.masked  # a masked token is out of the loss, GSPO's sequence ratio included
+
+    low_eps = spec.defaults[0] if eps_low is None else eps_low
+    high_eps = spec.defaults[1] if eps_high is None else eps_high
+    terms = spec.fn(logp, anchor, adv, active, low_eps, high_eps)
+    per_token = terms.per_token
+    if weights is not None:  # a masked token contributes nothing, even where its ℓ is not finite
+        per_token = torch.where(active, per_token * weights.weight, torch.zeros_like(per_token))
 
     loss = aggregate(per_token, mask, agg, max_len)
 
@@ -237,7 +240,7 @@ def policy_loss(
             w_sum = w.sum().to(logp.dtype)
             tis_mean = w_sum / kept.sum().clamp_min(1).to(logp.dtype)
             tis_capped = (weights.capped & keep).sum() / count
-            w_max = w.max().to(logp.dtype) if bool(kept.any()) else torch.zeros((), dtype=logp.dtype, device=logp.device)
+            w_max = w.max().to(logp.dtype)  # 0 when every token was masked
         return PolicyLoss(
             loss=loss,
             clip_fraction=low_frac + high_frac,

@@ -6,7 +6,8 @@ and whether it can sample with the learner's own module in place. Whether its ro
 replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never of its name.
 
 - ``native`` → `NativeEngine` on the given `LoopedForCausalLM` (in place: the engine and the
-  learner may share it); every schedule.
+  learner may share it); every schedule; ``rollout.chunk_rows``, when an int, bounds the rows one
+  batch of its passes holds (``auto`` and None: one batch per call).
 - ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
   checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
   the call is a one-line error with the install command.
@@ -47,7 +48,9 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
         from rltt.model.load import load_looped
 
         model_or_dir = load_looped(model_or_dir)
-    return NativeEngine(model_or_dir)
+    chunk_rows = _get(rollout, "chunk_rows")  # an int once `rltt train` resolved ``auto`` from its plan
+    return NativeEngine(model_or_dir, chunk_rows if isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
+                        else None)
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:

@@ -114,19 +114,27 @@ class VllmSection:
     """``rollout.vllm``: settings of the vLLM engine (``rollout.engine: vllm``).
 
     ``kv_cache_gb``: CPU KV cache space in GiB; ``gpu_memory_utilization``: the fraction of the GPU
-    vLLM may take (weights + KV cache; the learner needs the rest); ``max_model_len`` (null: the
-    model's max_position_embeddings); ``tensor_parallel_size``; ``enforce_eager`` (null: eager on
-    CPU, CUDA graphs on GPU); ``max_num_seqs``: sequences decoded at once; ``enable_prefix_caching``
-    (a group's rows share their prompt's KV); ``multiprocess``: vLLM's engine core in its own process."""
+    vLLM may take (weights, activations and KV cache; the learner needs the rest), used as given;
+    ``max_model_len`` (null: ``data.max_prompt_tokens`` + ``rollout.max_new_tokens`` — or the
+    thinking budget, interruption and answer budget when longer —, at most the model's
+    max_position_embeddings); ``tensor_parallel_size``; ``enforce_eager`` (null: eager on CPU,
+    torch.compile and CUDA graphs on GPU); ``max_num_seqs``: sequences decoded at once (null: the
+    rows of a step, ``prompts_per_step × group_size``, at most ``chunk_rows``);
+    ``enable_prefix_caching`` (a group's rows share their prompt's KV); ``multiprocess``: vLLM's
+    engine core in its own process; ``sleep``: free the GPU (vLLM sleep level 1: weights to CPU
+    memory, KV cache dropped) while the learner updates, waking for each rollout (null: on with
+    CUDA, off on CPU, where vLLM cannot sleep). A KV cache too small for one ``max_model_len``
+    sequence is an error naming these keys before vLLM starts."""
 
     kv_cache_gb: Annotated[float, Range(ge=1, why="GiB")] = 1.0
     gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.5
     max_model_len: Annotated[int, Range(ge=2)] | None = None
     tensor_parallel_size: PositiveInt = 1
     enforce_eager: bool | None = None
-    max_num_seqs: PositiveInt = 256
+    max_num_seqs: PositiveInt | None = None
     enable_prefix_caching: bool = True
     multiprocess: bool = False
+    sleep: bool | None = None
 
     def engine_options(self) -> dict:
         """Keyword arguments of `rltt.vllm.vllm_engine.VllmEngine`."""

@@ -6,12 +6,15 @@ step — rows at different steps share the pass (depth-mixed batching) — and c
 same pass, the pending entries of earlier tokens that step needs. After the pass, tokens
 whose exit policy says "exit here" are sampled from the full-vocabulary logits of that step.
 Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit for bit.
+
+With ``chunk_rows`` a call runs in chunks of whole prompts, one after another (`_Chunk`), so the
+KV cache holds one chunk's rows, never the whole call's (docs/design.md §2.7).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import torch
@@ -20,7 +23,7 @@ from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.completions import CompletedRow, completion_batch
-from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule
+from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule, join_schedules
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams, stop_token_set
@@ -53,14 +56,21 @@ class NativeEngine(RolloutEngine):
     that same model (a learner training it in place) copies nothing. ``extra_weights`` holds the
     learner's `EXTRA_WEIGHTS` it was last given (the learned loop weights), as served. Its batches
     carry the full pass record (``replayable``).
+
+    ``chunk_rows``: at most this many rows per batch of passes (`chunks`; a prompt's ``n`` rows stay
+    together, so a chunk holds at least one prompt); None runs each call as one batch.
     """
 
     replayable = True
 
-    def __init__(self, model: LoopedForCausalLM):
+    def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
+        if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
+                                       or chunk_rows < 1):
+            raise RlttError(f"NativeEngine: chunk_rows must be a positive int or None, got {chunk_rows!r}")
         self.model = model.eval()
+        self.chunk_rows = chunk_rows
         self.weights_version = 0
         self.extra_weights: dict[str, torch.Tensor] = {}
 
@@ -78,8 +88,20 @@ class NativeEngine(RolloutEngine):
         self.extra_weights = {k: v.detach().clone() for k, v in tensors.items() if k in EXTRA_WEIGHTS}
         self.weights_version = int(version)
 
+    def chunks(self, num_prompts: int, n: int) -> list[tuple[int, int]]:
+        """The ``(first, end)`` prompt ranges one call runs as separate batches: whole prompts (a
+        prompt's ``n`` rows share its prefill), at most ``chunk_rows // n`` of them — at least one —
+        per chunk; one chunk of every prompt without ``chunk_rows``."""
+        per = num_prompts if self.chunk_rows is None else max(1, self.chunk_rows // n)
+        return [(a, min(a + per, num_prompts)) for a in range(0, num_prompts, per)]
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        """Sample ``params.n`` completions per prompt. With ``chunk_rows`` the rows run in chunks
+        of whole prompts, one after another, each with a KV cache for its own rows and positions
+        only. Every row keeps the random key the whole call gives it, so it draws the same numbers
+        chunked or not (what a chunk changes is the rounding of a smaller batch, docs/design.md
+        §2.7), and the merged record replays chunk by chunk."""
         start_time = time.perf_counter()
         cfg = self.model.config
         T = cfg.num_loops
@@ -89,96 +111,141 @@ class NativeEngine(RolloutEngine):
         policy = ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy, T,
                                   field="SamplingParams.exit_policy")
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-
-        prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
-        lengths = [len(prompts[i]) for i in prompt_index]
-        num_rows = len(prompt_index)
-        thinking = params.thinking
-        width = params.max_new_tokens if thinking is None else max(params.max_new_tokens, thinking.max_completion)
-        executor = PassExecutor(self.model, num_rows, max(lengths) + width)
-        for r, i in enumerate(prompt_index):
-            executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
-        sched = Scheduler(params.schedule, T, lengths)
-        random = RowRandom(seed, executor.device, num_rows, params.prompt_seeds, params.n)
-        decider = ExitDecider(policy, T, random, num_rows)
-        decider.start_tokens(list(range(num_rows)), [0] * num_rows)
+        n = params.n
+        random = RowRandom(seed, self.model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
         stops = stop_token_set(params, cfg)
 
-        out = [CompletedRow() for _ in range(num_rows)]
-        budget = _Budget(thinking, num_rows, params.max_new_tokens)
-        schedule = Schedule(params.schedule, replayable=True)
-        schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
-        entries = sum(p.entries() for p in schedule.passes)
-        known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
-        max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
-        while sched.any_active():
-            rows, starts, ends, steps = sched.plan()
-            h, _, last = executor.run(rows, starts, ends, steps)
-            sched.computed(rows, ends, steps)
-            entries += sum(e - s + 1 for s, e in zip(starts, ends))
+        rows: list[CompletedRow] = []
+        gates: list[torch.Tensor] = []  # (T, k) per row: the gates of its k completion tokens
+        schedules, stats, sizes = [], [], []
+        for first, end in self.chunks(len(prompts), n):  # each chunk's executor is freed when it returns
+            chunk = _run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
+                               stops)
+            rows += chunk.rows
+            gates += chunk.gates
+            schedules.append(chunk.schedule)
+            stats.append(chunk.stats)
+            sizes.append(len(chunk.rows))
 
-            cand = [i for i, r in enumerate(rows) if not sched.sampled[r]]
-            chosen: list[int] = []
-            if cand:
-                cand_rows = [rows[i] for i in cand]
-                cand_steps = torch.tensor([steps[i] for i in cand])
-                gates = None if known_exits else \
-                    executor.gates[:, torch.tensor(cand_rows), torch.tensor([ends[i] for i in cand])].cpu()
-                decide = decider.exits(cand_rows, cand_steps, gates).tolist()
-                chosen = [i for i, yes in zip(cand, decide) if yes]
-            exit_rows = [rows[i] for i in chosen]
-            if chosen:
-                # every item exits (one position per row, all chosen): h is already the exit states
-                logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
-                uniforms = None if params.greedy else \
-                    random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
-                tokens = sample_tokens(logits, params, uniforms)
-                raw, tempered = logprobs_of(logits, tokens, params.temperature)
-                positions = [ends[i] + 1 for i in chosen]
-                executor.write_tokens(exit_rows, positions, tokens)
-                # .tolist() of fp32 values gives exact Python floats: the sampler's bits
-                for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
-                                                          raw.tolist(), tempered.tolist()):
-                    row = out[r]
-                    row.add(token, steps[i], lp, lp_t)
-                    sched.exited(r)
-                    reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
-                    if reason is None and budget.should_force(r, row.tokens):
-                        if position + len(thinking.interruption) < max_positions:
-                            forced = torch.tensor(thinking.interruption, device=executor.device)
-                            executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
-                            row.force(thinking.interruption)
-                            budget.forced(r, len(row.tokens))
-                            sched.force(r, len(forced))
-                            position += len(forced)
-                        else:  # no room for the interruption and an answer
-                            reason = "length"
-                    if reason is None and (len(row.tokens) >= budget.cap[r]
-                                           or position >= max_positions):
-                        reason = "length"  # the next token would need a position the model does not have
-                    if reason:
-                        row.finish = reason
-                        sched.finish(r)
-            schedule.passes.append(PassRecord(
-                work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
-                exits=torch.tensor(exit_rows, dtype=torch.long),
-            ))
-            moved = sched.settle()
-            decider.start_tokens(moved, [len(out[r].tokens) for r in moved])
-
-        stats = RolloutStats(
-            passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
-            entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
-        )
-
-        def gates(r: int, n: int) -> torch.Tensor:  # completion token 0 came from position P - 1
-            return executor.gates[:, r, lengths[r] - 1: lengths[r] - 1 + n].cpu()
-
-        batch = completion_batch(prompts, prompt_index, out, schedule=schedule, params=replace(params, seed=seed),
-                                 stats=stats, num_loops=T, dtype=executor.dtype, pad_id=cfg.pad_token_id or 0,
-                                 gates=gates)
-        stats.wall_time = time.perf_counter() - start_time
+        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
+        run_stats = stats[0] if len(stats) == 1 else RolloutStats.join(stats, serial=True, wall_time=0.0)
+        batch = completion_batch(prompts, prompt_index, rows, schedule=join_schedules(schedules, sizes),
+                                 params=replace(params, seed=seed), stats=run_stats, num_loops=T,
+                                 dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0,
+                                 gates=lambda r, k: gates[r])
+        run_stats.wall_time = time.perf_counter() - start_time
         return batch
+
+
+@dataclass
+class _ChunkRun:
+    """A chunk's rows, the (T, k) gates of each row's k completion tokens, its pass record (rows
+    numbered from 0) and its `RolloutStats`."""
+
+    rows: list[CompletedRow]
+    gates: list[torch.Tensor]
+    schedule: Schedule
+    stats: RolloutStats
+
+
+def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
+               random: RowRandom, stops: set[int]) -> _ChunkRun:
+    """Run one batch of whole prompts to the end (``random``: its rows' draws). Its `PassExecutor` —
+    the KV cache — holds ``len(prompts) · n`` rows of the chunk's longest prompt plus the longest
+    completion a row can reach (`kv_positions`), and goes when this returns."""
+    cfg = model.config
+    T = cfg.num_loops
+    prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
+    lengths = [len(prompts[i]) for i in prompt_index]
+    num_rows = len(prompt_index)
+    thinking = params.thinking
+    max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
+    executor = PassExecutor(model, num_rows, kv_positions(max(lengths), params, max_positions))
+    for r, i in enumerate(prompt_index):
+        executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
+    sched = Scheduler(params.schedule, T, lengths)
+    decider = ExitDecider(policy, T, random, num_rows)
+    decider.start_tokens(list(range(num_rows)), [0] * num_rows)
+
+    out = [CompletedRow() for _ in range(num_rows)]
+    budget = _Budget(thinking, num_rows, params.max_new_tokens)
+    schedule = Schedule(params.schedule, replayable=True)
+    schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
+    entries = sum(p.entries() for p in schedule.passes)
+    known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
+    while sched.any_active():
+        rows, starts, ends, steps = sched.plan()
+        h, _, last = executor.run(rows, starts, ends, steps)
+        sched.computed(rows, ends, steps)
+        entries += sum(e - s + 1 for s, e in zip(starts, ends))
+
+        cand = [i for i, r in enumerate(rows) if not sched.sampled[r]]
+        chosen: list[int] = []
+        if cand:
+            cand_rows = [rows[i] for i in cand]
+            cand_steps = torch.tensor([steps[i] for i in cand])
+            gates = None if known_exits else \
+                executor.gates[:, torch.tensor(cand_rows), torch.tensor([ends[i] for i in cand])].cpu()
+            decide = decider.exits(cand_rows, cand_steps, gates).tolist()
+            chosen = [i for i, yes in zip(cand, decide) if yes]
+        exit_rows = [rows[i] for i in chosen]
+        if chosen:
+            # every item exits (one position per row, all chosen): h is already the exit states
+            logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
+            uniforms = None if params.greedy else \
+                random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
+            tokens = sample_tokens(logits, params, uniforms)
+            raw, tempered = logprobs_of(logits, tokens, params.temperature)
+            positions = [ends[i] + 1 for i in chosen]
+            executor.write_tokens(exit_rows, positions, tokens)
+            # .tolist() of fp32 values gives exact Python floats: the sampler's bits
+            for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
+                                                      raw.tolist(), tempered.tolist()):
+                row = out[r]
+                row.add(token, steps[i], lp, lp_t)
+                sched.exited(r)
+                reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
+                if reason is None and budget.should_force(r, row.tokens):
+                    if position + len(thinking.interruption) < max_positions:
+                        forced = torch.tensor(thinking.interruption, device=executor.device)
+                        executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
+                        row.force(thinking.interruption)
+                        budget.forced(r, len(row.tokens))
+                        sched.force(r, len(forced))
+                        position += len(forced)
+                    else:  # no room for the interruption and an answer
+                        reason = "length"
+                if reason is None and (len(row.tokens) >= budget.cap[r]
+                                       or position >= max_positions):
+                    reason = "length"  # the next token would need a position the model does not have
+                if reason:
+                    row.finish = reason
+                    sched.finish(r)
+        schedule.passes.append(PassRecord(
+            work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
+            exits=torch.tensor(exit_rows, dtype=torch.long),
+        ))
+        moved = sched.settle()
+        decider.start_tokens(moved, [len(out[r].tokens) for r in moved])
+
+    stats = RolloutStats(
+        passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
+        entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
+    )
+    # completion token 0 came from position P - 1; copied out, so the executor can go
+    gates = [executor.gates[:, r, lengths[r] - 1: lengths[r] - 1 + len(row.tokens)].to("cpu", copy=True)
+             for r, row in enumerate(out)]
+    return _ChunkRun(out, gates, schedule, stats)
+
+
+def kv_positions(longest_prompt: int, params: SamplingParams, max_positions: int) -> int:
+    """Positions a batch's KV cache needs: its longest prompt plus the longest completion a row can
+    reach (``max_new_tokens``, or a thinking budget's forced completion if longer). A row never
+    writes past position ``max_positions`` (it finishes with ``length`` there), so that bounds it
+    too."""
+    thinking = params.thinking
+    width = params.max_new_tokens if thinking is None else max(params.max_new_tokens, thinking.max_completion)
+    return min(longest_prompt + width, max_positions + 1)
 
 
 class _Budget:

@@ -2,9 +2,11 @@
 
 `replay_logprobs(model, batch)` re-executes the recorded passes of a native rollout with the
 recorded tokens and exits in place of the sampling decisions. The passes run through the same
-`PassExecutor` with the same batch composition, so at the rollout's weights the result equals
-``batch.logprobs`` / ``batch.tempered_logprobs`` bit for bit (fp32 and bf16, dense and
-deferred). With new weights it gives the sampler-side log-prob of the new policy.
+`PassExecutor` with the same batch composition — a record of several chunks (`Schedule.chunks`: a
+chunked native call, a Ray pool's shards) chunk by chunk, each on an executor of its own rows — so
+at the rollout's weights the result equals ``batch.logprobs`` / ``batch.tempered_logprobs`` bit
+for bit (fp32 and bf16, dense and deferred). With new weights it gives the sampler-side log-prob
+of the new policy.
 """
 
 from __future__ import annotations
@@ -39,30 +41,48 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogp
                         "the learner scores it with its dense forward at the recorded exits")
     if cfg.num_loops != batch.num_loops:
         raise RlttError(f"replay: the model has num_loops={cfg.num_loops}, the rollout {batch.num_loops}")
-    lengths = batch.prompt_lengths.tolist()
-    num_rows = batch.num_rows
-    executor = PassExecutor(model, num_rows, max(lengths) + batch.completion_ids.shape[1])
-    for r in range(num_rows):
-        seq = batch.sequence(r)
-        executor.tokens[r, : len(seq)] = torch.tensor(seq)
     raw = torch.zeros(batch.logprobs.shape, dtype=torch.float32)
     tempered = torch.zeros_like(raw)
+    try:
+        spans = batch.schedule.chunk_spans(batch.num_rows)
+    except ValueError as e:
+        raise RlttError(f"replay: {e}") from None
+    for first, end, pass_first, pass_end in spans:
+        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered)
+    return ReplayLogprobs(raw, tempered)
+
+
+def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
+                  raw: torch.Tensor, tempered: torch.Tensor) -> None:
+    """Re-execute the passes of the chunk of rows ``first..end-1`` on an executor of those rows
+    alone (the batch composition they were sampled with; the record numbers them from ``first``),
+    writing their log-probs into ``raw`` / ``tempered``."""
+    if end == first:
+        return
+    lengths = batch.prompt_lengths[first:end]
+    width = max(1, int(batch.completion_lengths[first:end].max()))
+    executor = PassExecutor(model, end - first, int(lengths.max()) + width)
+    for r in range(first, end):
+        seq = batch.sequence(r)
+        executor.tokens[r - first, : len(seq)] = torch.tensor(seq)
     temperature = batch.params.temperature
-    for record in batch.schedule.passes:
+    for record in passes:
         rows, starts, ends, steps = record.work.T.tolist()
+        if first:
+            rows = [r - first for r in rows]
         h, _, last = executor.run(rows, starts, ends, steps)
         if record.fork is not None:
-            executor.fork(record.fork.tolist())
+            executor.fork([[src - first, dst - first, n] for src, dst, n in record.fork.tolist()])
         if not record.exits.numel():
             continue
         where = {r: i for i, r in enumerate(rows)}
-        chosen = [where[r] for r in record.exits.tolist()]
+        local = record.exits - first
+        chosen = [where[r] for r in local.tolist()]
         logits = executor.logits(h[last[torch.tensor(chosen)]])
-        exit_rows = record.exits.to(executor.device)
+        exit_rows = local.to(executor.device)
         positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
         targets = executor.tokens[exit_rows, positions]
         lp_raw, lp_tempered = logprobs_of(logits, targets, temperature)
         columns = positions.cpu() - batch.prompt_lengths[record.exits]
         raw[record.exits, columns] = lp_raw.cpu()
         tempered[record.exits, columns] = lp_tempered.cpu()
-    return ReplayLogprobs(raw, tempered)

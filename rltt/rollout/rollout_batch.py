@@ -16,6 +16,7 @@ position ``p ≥ P − 1`` (P = prompt length) produces completion token ``p −
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -42,6 +43,19 @@ class PassRecord:
         """(token, step) entries this pass computed."""
         return int((self.work[:, 2] - self.work[:, 1] + 1).sum())
 
+    def offset(self, rows: int) -> "PassRecord":
+        """The same pass with every row index moved by ``rows`` (a record placed after ``rows``
+        rows of others); the record itself when ``rows`` is 0."""
+        if not rows:
+            return self
+        work = self.work.clone()
+        work[:, 0] += rows
+        fork = None
+        if self.fork is not None:
+            fork = self.fork.clone()
+            fork[:, :2] += rows
+        return PassRecord(work=work, exits=self.exits + rows, fork=fork)
+
 
 @dataclass
 class Schedule:
@@ -51,6 +65,13 @@ class Schedule:
     `replay_logprobs` can re-execute (the native engine's), False when the engine has none (vLLM
     batches requests its own way: no passes). Defaults to False, so a record nobody vouched for is
     never replayed.
+
+    ``chunks``: None when one batch of all rows ran every pass; else ``(rows, passes)`` per
+    *chunk*, in order — the rows were sampled in separate batches (a native engine's
+    ``chunk_rows``, a Ray pool's shards): chunk k holds the next ``rows`` rows and ran the next
+    ``passes`` passes over them alone. Row indices in ``passes`` are always the batch's. Replay
+    re-executes each chunk on its own rows, the batch composition the rollout had
+    (`chunk_spans`, `join_schedules`).
 
     Pickled (a Ray rollout worker returning its batch), the passes travel as a few flat
     tensors — every pass's ``work`` rows concatenated with per-pass row counts, likewise the
@@ -62,16 +83,35 @@ class Schedule:
     kind: str
     passes: list[PassRecord] = field(default_factory=list)
     replayable: bool = False
+    chunks: list[tuple[int, int]] | None = None
+
+    def chunk_sizes(self, num_rows: int) -> list[tuple[int, int]]:
+        """``(rows, passes)`` per chunk; one chunk of every row and pass when ``chunks`` is None."""
+        return [(num_rows, len(self.passes))] if self.chunks is None else list(self.chunks)
+
+    def chunk_spans(self, num_rows: int) -> list[tuple[int, int, int, int]]:
+        """``(first_row, end_row, first_pass, end_pass)`` per chunk: the rows it holds and the passes
+        it ran (half-open ranges). Raises ValueError when the chunks do not cover ``num_rows`` rows
+        and every pass."""
+        spans, row, index = [], 0, 0
+        for rows, passes in self.chunk_sizes(num_rows):
+            spans.append((row, row + rows, index, index + passes))
+            row, index = row + rows, index + passes
+        if row != num_rows or index != len(self.passes):
+            raise ValueError(f"Schedule: chunks cover {row} rows and {index} passes, the record has "
+                             f"{num_rows} rows and {len(self.passes)} passes")
+        return spans
 
     def __getstate__(self) -> dict:
         passes = self.passes
         forked = [i for i, p in enumerate(passes) if p.fork is not None]
         flat = {"kind": self.kind, "replayable": self.replayable, "passes": len(passes),
-                "fork_pass": torch.tensor(forked, dtype=torch.long)}
+                "fork_pass": torch.tensor(forked, dtype=torch.long), "chunks": self.chunks}
         for name, records in (("work", [p.work for p in passes]), ("exits", [p.exits for p in passes]),
                               ("fork", [passes[i].fork for i in forked])):
             if not _packable(records):  # odd shapes or mixed dtypes: pickled pass by pass
-                return {"kind": self.kind, "replayable": self.replayable, "passes": list(passes)}
+                return {"kind": self.kind, "replayable": self.replayable, "passes": list(passes),
+                        "chunks": self.chunks}
             flat[name] = _narrow(torch.cat(records)) if records else None
             flat[f"{name}_dtype"] = records[0].dtype if records else None
             flat[f"{name}_counts"] = torch.tensor([len(t) for t in records], dtype=torch.long)
@@ -80,6 +120,7 @@ class Schedule:
     def __setstate__(self, state: dict) -> None:
         self.kind = state["kind"]
         self.replayable = state["replayable"]
+        self.chunks = state.get("chunks")
         if isinstance(state["passes"], list):
             self.passes = state["passes"]
             return
@@ -94,6 +135,23 @@ class Schedule:
                        for i, (w, e) in enumerate(zip(pieces("work"), pieces("exits")))]
         if len(self.passes) != state["passes"]:
             raise ValueError(f"Schedule: {len(self.passes)} passes rebuilt, {state['passes']} pickled")
+
+
+def join_schedules(parts: Sequence[Schedule], rows: Sequence[int]) -> Schedule:
+    """One record of batches sampled apart: ``parts[k]`` recorded ``rows[k]`` rows, placed after
+    the rows of the parts before it. Passes are listed part after part with their rows renumbered,
+    and ``chunks`` keeps each part's chunks (a part without any is one chunk), so replay runs
+    every chunk on the rows it ran with. One part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    passes: list[PassRecord] = []
+    chunks: list[tuple[int, int]] = []
+    offset = 0
+    for schedule, count in zip(parts, rows, strict=True):
+        passes.extend(record.offset(offset) for record in schedule.passes)
+        chunks.extend(schedule.chunk_sizes(count))
+        offset += count
+    return Schedule(parts[0].kind, passes, replayable=all(p.replayable for p in parts), chunks=chunks)
 
 
 def _packable(tensors: list[torch.Tensor]) -> bool:
@@ -137,6 +195,19 @@ class RolloutStats:
     entries_pending: int = 0
     tokens: int = 0
     wall_time: float = 0.0
+
+    @staticmethod
+    def join(parts: Sequence["RolloutStats"], serial: bool, wall_time: float) -> "RolloutStats":
+        """The work of batches sampled apart, in row order: ``serial`` (one after another, a native
+        engine's chunks) adds their serial passes, otherwise (side by side, a Ray pool's shards)
+        the slowest one's count. ``row_passes`` is None unless every part counted them."""
+        counted = [p.row_passes for p in parts if p.row_passes is not None]
+        passes = [p.passes for p in parts]
+        return RolloutStats(passes=sum(passes) if serial else max(passes),
+                            row_passes=torch.cat(counted) if len(counted) == len(parts) else None,
+                            entries_computed=sum(p.entries_computed for p in parts),
+                            entries_pending=sum(p.entries_pending for p in parts),
+                            tokens=sum(p.tokens for p in parts), wall_time=wall_time)
 
     @property
     def passes_per_token(self) -> float:

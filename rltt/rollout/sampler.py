@@ -67,6 +67,13 @@ class RowRandom:
             seeds, index = torch.full((rows,), seed % (1 << 63), dtype=torch.long), torch.arange(rows)
         self.keys = _splitmix64(_splitmix64(seeds) ^ (index * _ROW)).to(self.device)  # (R,)
 
+    def take(self, start: int, end: int) -> "RowRandom":
+        """The draws of rows ``start..end-1`` as rows ``0..``: a chunk of a call's rows keeps the
+        keys the whole call gives them (with a call seed, a row's key is its index in the call)."""
+        out = object.__new__(RowRandom)
+        out.device, out.keys = self.device, self.keys[start:end]
+        return out
+
     def uniform(self, rows, counters, stream: int) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
         counters = torch.as_tensor(counters, dtype=torch.long, device=self.device)

@@ -9,6 +9,10 @@ sections of docs/design.md (§5, §6) and from measured runs.
 Most "state" checks look at the *late window*: the last :data:`LATE_WINDOW_FRACTION` of the
 logged points, so a problem that appeared late is caught and one that resolved itself is not
 reported.
+
+Besides the metrics, a check may read one setting of the run's resolved recipe
+(``RUN_DIR/recipe.resolved.yaml``, when the run was loaded from its directory): the spike check
+judges a gradient-norm spike against the gradient clipping the run trained with.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from rltt.telemetry import schema
+from rltt.telemetry.metrics_file import METRICS_FILE
 from rltt.telemetry.series import RunData
 
 # --------------------------------------------------------------------------- thresholds
@@ -83,6 +88,24 @@ SPIKE_MIN_HISTORY = 8
 #: The robust scale is at least this fraction of |median|, so a near-constant series does
 #: not turn small wiggles into spikes.
 SPIKE_REL_FLOOR = 0.02
+#: A gradient-norm outlier (the test above) is only reported when it matters: when it is this many
+#: times its trailing median (a real spike — healthy RL runs wander up to ~3× on single steps), or
+#: when the reward fell / the LM loss rose after it (:func:`moved_after`). A spike the gradient
+#: clipping bounded — the run's ``grad_clip`` below SPIKE_MIN_JUMP × the trailing median, so the
+#: applied update was at most that many typical ones — is reported only when it is both.
+GRAD_SPIKE_REAL_JUMP = 10.0
+#: Points after a spike in which the reward (RL) or the LM loss is compared with its level before.
+SPIKE_AFTER_POINTS = 3
+#: The mean of those points must have moved the wrong way by this many robust standard errors
+#: (1.4826·MAD of the trailing window / √points) ...
+SPIKE_AFTER_Z = 3.0
+#: ... and by at least this much: absolute for the reward, relative to its level for the LM loss.
+SPIKE_AFTER_MIN_REWARD = 0.05
+SPIKE_AFTER_MIN_LM_REL = 0.02
+#: The resolved recipe keys holding the gradient clip (RL learner, LM stages); 0 = off.
+GRAD_CLIP_KEYS = (("learner", "grad_clip"), ("optim", "grad_clip"))
+#: The resolved recipe a run writes beside its metrics (rltt.runtime.paths.RESOLVED_RECIPE).
+RESOLVED_RECIPE = "recipe.resolved.yaml"
 
 #: Keys whose NaN/inf values are reported as critical.
 FINITE_KEYS = (schema.LOSS_TOTAL, schema.LOSS_POLICY, schema.LM_LOSS, schema.GRAD_NORM_TOTAL,
@@ -95,6 +118,18 @@ MISMATCH_K3_MAX = 1e-3
 #: ... at more than this fraction of the logged steps (at least one step) → warning;
 #: at more than half of them → critical.
 MISMATCH_MIN_FRACTION = 0.1
+
+#: Rollout correction: median correction/masked_frac over the late window above this, and
+#: above MASKED_GROWTH × its early median (the first quarter of the points) → warning ...
+CORRECTION_MASKED_WARN = 0.02
+MASKED_GROWTH = 2.0
+#: ... above this, grown or not → critical (a fifth of every batch is thrown away).
+CORRECTION_MASKED_CRITICAL = 0.2
+#: Mismatch growing: a mismatch key's late median at least this many times its early median and
+#: above MISMATCH_GROWTH_FLOOR × its limit of check_mismatch — a trend still under that limit
+#: (above it, the log-prob mismatch check reports it).
+MISMATCH_GROWTH = 4.0
+MISMATCH_GROWTH_FLOOR = 0.1
 
 #: Truncation: median length/trunc_frac over the late window above this.
 TRUNC_FRAC_MAX = 0.2
@@ -415,31 +450,117 @@ def check_grad_vanishing(run: RunData) -> Diagnosis | None:
                f"(median over {len(common)} steps).")
 
 
+def grad_clip(run: RunData) -> float | None:
+    """The gradient clip the run trained with, from ``RUN_DIR/recipe.resolved.yaml`` (None when the
+    run was not loaded from a run directory, the file or key is missing, or clipping was off)."""
+    if not (run.path / METRICS_FILE).is_file() or not (run.path / RESOLVED_RECIPE).is_file():
+        return None
+    try:
+        import yaml
+
+        recipe = yaml.safe_load((run.path / RESOLVED_RECIPE).read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    for section, key in GRAD_CLIP_KEYS:
+        value = recipe.get(section, {}).get(key) if isinstance(recipe.get(section), dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) if value > 0 else None
+    return None
+
+
+def moved_after(steps: np.ndarray, values: np.ndarray, step: int, worse: str,
+                min_move: float) -> tuple[float, float, tuple[int, int]] | None:
+    """Did a series move the wrong way after ``step``? ``worse``: "down" (a reward) or "up" (a loss).
+
+    Compares the mean of the :data:`SPIKE_AFTER_POINTS` points after ``step`` with the median of
+    the :data:`SPIKE_WINDOW` points before it: the move must exceed both ``min_move`` and
+    :data:`SPIKE_AFTER_Z` robust standard errors (1.4826·MAD / √points). Returns (mean after,
+    threshold, steps after) when it did, else None (also when too few points exist)."""
+    before = values[(steps < step) & np.isfinite(values)][-SPIKE_WINDOW:]
+    after_mask = steps > step
+    after, after_steps = values[after_mask][:SPIKE_AFTER_POINTS], steps[after_mask][:SPIKE_AFTER_POINTS]
+    if len(before) < SPIKE_MIN_HISTORY or len(after) < SPIKE_AFTER_POINTS or not np.isfinite(after).all():
+        return None
+    med = float(np.median(before))
+    sigma = 1.4826 * float(np.median(np.abs(before - med)))
+    margin = max(min_move, SPIKE_AFTER_Z * sigma / math.sqrt(len(after)))
+    mean = float(after.mean())
+    threshold = med - margin if worse == "down" else med + margin
+    if (mean < threshold) if worse == "down" else (mean > threshold):
+        return mean, threshold, (int(after_steps[0]), int(after_steps[-1]))
+    return None
+
+
+def _trailing_median(values: np.ndarray, i: int) -> float:
+    hist = values[max(0, i - SPIKE_WINDOW):i]
+    return float(np.median(hist[np.isfinite(hist)]))
+
+
+def _consequence(run: RunData, step: int) -> Evidence | None:
+    """The reward falling (RL) or the LM loss rising (LM stages) after ``step``, as evidence."""
+    r_steps, reward = run.series(schema.REWARD_MEAN)
+    if len(reward):
+        moved = moved_after(r_steps, reward, step, "down", SPIKE_AFTER_MIN_REWARD)
+        key, comparison = schema.REWARD_MEAN, "<"
+    else:
+        l_steps, loss = run.series(schema.LM_LOSS)
+        if not len(loss):
+            return None
+        level = float(np.median(loss[l_steps < step][-SPIKE_WINDOW:])) if (l_steps < step).any() else 0.0
+        moved = moved_after(l_steps, loss, step, "up", SPIKE_AFTER_MIN_LM_REL * abs(level))
+        key, comparison = schema.LM_LOSS, ">"
+    if moved is None:
+        return None
+    mean, threshold, span = moved
+    return Evidence(key, span, f"mean of the {SPIKE_AFTER_POINTS} points after step {step}", mean, comparison,
+                    threshold)
+
+
 def check_spikes(run: RunData) -> Diagnosis | None:
-    """Upward outliers of the LM loss, the grad norm or the largest importance ratio: a robust
-    z-score over a trailing window *and* a jump relative to the series' level. Signed RL
-    losses are not checked (see :data:`SPIKE_MIN_JUMP`)."""
-    evidence = []
+    """Upward outliers that call for action: of the LM loss or the largest importance ratio, a
+    robust z-score over a trailing window *and* a jump relative to the series' level; of the
+    gradient norm, such an outlier that is also large (≥ :data:`GRAD_SPIKE_REAL_JUMP` × its level)
+    or followed by a falling reward / rising LM loss — and, when the gradient clipping bounded the
+    update, both. Signed RL losses are not checked (see :data:`SPIKE_MIN_JUMP`)."""
+    evidence, consequences, notes = [], [], []
+    clip = grad_clip(run)
     for key, jump in SPIKE_MIN_JUMP.items():
         steps, values = run.series(key)
         if len(values) < SPIKE_MIN_HISTORY + 1:
             continue
         idx, scores = robust_spikes(values, min_jump=jump)
+        statistic = f"max robust z (points also ≥ {jump:g}× the trailing median)"
+        if key == schema.GRAD_NORM_TOTAL and len(idx):
+            real = []
+            for i in idx:
+                level = _trailing_median(values, int(i))
+                large = values[i] >= GRAD_SPIKE_REAL_JUMP * level
+                bounded = clip is not None and clip < jump * level
+                after = _consequence(run, int(steps[i]))
+                if (large and after is not None) or (not bounded and (large or after is not None)):
+                    real.append(i)
+                    if after is not None:
+                        consequences.append(after)
+            keep = np.isin(idx, real)
+            idx, scores = idx[keep], scores[keep]
+            statistic = (f"max robust z (points ≥ {GRAD_SPIKE_REAL_JUMP:g}× the trailing median or followed by "
+                         "a falling reward / rising loss)")
+            if len(idx) and clip is not None:
+                notes.append(f"Gradients were clipped at {clip:g} (grad_norm/total is logged before clipping).")
         if len(idx):
-            evidence.append(Evidence(key, _span(steps), f"max robust z (points also ≥ {jump:g}× "
-                                     "the trailing median)", float(scores.max()), ">", SPIKE_Z,
+            evidence.append(Evidence(key, _span(steps), statistic, float(scores.max()), ">", SPIKE_Z,
                                      points=tuple(int(s) for s in steps[idx])))
     if not evidence:
         return None
     return Diagnosis(
         "spikes", Severity.WARNING, "Loss, gradient-norm or importance-ratio spikes",
-        tuple(evidence),
+        tuple(evidence + consequences),
         "inspect the batches at the flagged steps (rewards, completion lengths); lower the "
         "learning rate or tighten gradient clipping (recipe key grad_clip); in RL a ratio spike "
         "with several updates per batch (ppo_epochs > 1) calls for fewer updates or tighter "
         "clipping (eps_low / eps_high)",
-        detail="Points far above the median of the preceding steps, both in robust z-score "
-               "and relative to that median.")
+        detail=" ".join(["Points far above the median of the preceding steps, both in robust z-score "
+                         "and relative to that median."] + notes))
 
 
 def check_non_finite(run: RunData) -> Diagnosis | None:
@@ -460,6 +581,12 @@ def check_non_finite(run: RunData) -> Diagnosis | None:
         "reductions")
 
 
+def _mismatch_out_of_range(values: np.ndarray, limit: float) -> bool:
+    """Above ``limit`` at more than MISMATCH_MIN_FRACTION of the steps (at least one)."""
+    needed = max(1, int(math.ceil(MISMATCH_MIN_FRACTION * len(values))))
+    return int((values > limit).sum()) >= needed
+
+
 def check_mismatch(run: RunData) -> Diagnosis | None:
     """The sampler's and the learner's log-probs of the same tokens disagree (docs/design.md
     §3.4)."""
@@ -471,8 +598,7 @@ def check_mismatch(run: RunData) -> Diagnosis | None:
         if not len(values):
             continue
         over = values > limit
-        needed = max(1, int(math.ceil(MISMATCH_MIN_FRACTION * len(values))))
-        if over.sum() >= needed:
+        if _mismatch_out_of_range(values, limit):
             worst_fraction = max(worst_fraction, float(over.mean()))
             evidence.append(Evidence(key, _span(steps), "max", float(values.max()), ">", limit,
                                      points=tuple(int(s) for s in steps[over])))
@@ -487,6 +613,52 @@ def check_mismatch(run: RunData) -> Diagnosis | None:
         "dtype (bf16 vs fp32) and that weights were synced; use the hybrid log-prob or the "
         "truncated importance-sampling correction",
         detail=f"Out of range at {worst_fraction:.0%} of the logged steps.")
+
+
+def _early(values: np.ndarray) -> np.ndarray:
+    """The first quarter of the points (at least MIN_POINTS)."""
+    return values[:max(MIN_POINTS, len(values) // 4)]
+
+
+def check_mismatch_growing(run: RunData) -> Diagnosis | None:
+    """The rollout correction masks a growing (or large) share of the tokens, or the sampler–learner
+    mismatch grows during the run while still under the log-prob mismatch check's limits
+    (docs/design.md §3.4, §5.6): the sampler drifts away from the learner."""
+    evidence, severity = [], Severity.WARNING
+    steps, masked = run.series(schema.CORRECTION_MASKED_FRAC)
+    if len(masked) >= 2 * MIN_POINTS:
+        ws, wm = late_window(steps, masked)
+        late, early = float(np.median(wm)), float(np.median(_early(masked)))
+        if late > CORRECTION_MASKED_CRITICAL:
+            severity = Severity.CRITICAL
+            evidence.append(Evidence(schema.CORRECTION_MASKED_FRAC, _span(ws), "median", late, ">",
+                                     CORRECTION_MASKED_CRITICAL))
+        elif late > max(CORRECTION_MASKED_WARN, MASKED_GROWTH * early):
+            evidence.append(Evidence(schema.CORRECTION_MASKED_FRAC, _span(ws), "median (early median "
+                                     f"{_fmt(early)})", late, ">", max(CORRECTION_MASKED_WARN, MASKED_GROWTH * early)))
+    for key, limit in ((schema.MISMATCH_MAX_ABS, MISMATCH_MAX_ABS_MAX), (schema.MISMATCH_K3, MISMATCH_K3_MAX)):
+        steps, values = run.series(key)
+        if len(values) < 2 * MIN_POINTS:
+            continue
+        ws, wv = late_window(steps, values)
+        late, early = float(np.median(wv)), float(np.median(_early(values)))
+        threshold = max(MISMATCH_GROWTH_FLOOR * limit, MISMATCH_GROWTH * early)
+        if late > threshold and not _mismatch_out_of_range(values, limit):  # else check_mismatch reports it
+            evidence.append(Evidence(key, _span(ws), f"median (early median {_fmt(early)})", late, ">", threshold))
+    if not evidence:
+        return None
+    actions = []
+    if any(e.metric != schema.CORRECTION_MASKED_FRAC for e in evidence):
+        actions.append("the sampler is drifting away from the learner: check that the weights reach the engines "
+                       "every step (orchestration/staleness, time/weight_sync), that both sides use the same "
+                       "LM-head dtype and temperature, and the recorded exit steps")
+    if any(e.metric == schema.CORRECTION_MASKED_FRAC for e in evidence):
+        actions.append("a masked token teaches nothing, so a growing masked share shrinks every update: find why "
+                       "the sampler diverges before widening the band (algorithm.correction_lo / correction_hi); "
+                       "a sequence-level correction (seq_tis, geo_mask) is less sensitive to per-token noise")
+    return Diagnosis(
+        "mismatch_growing", severity, "Sampler–learner mismatch growing", tuple(evidence), "; ".join(actions),
+        detail="Compared: the late window's median with the median of the first quarter of the steps.")
 
 
 def check_reward_errors(run: RunData) -> Diagnosis | None:
@@ -556,6 +728,8 @@ CHECKS: tuple[Check, ...] = (
     Check("spikes", "loss / grad-norm spikes", SPIKE_KEYS, check_spikes),
     Check("logprob_mismatch", "sampler–learner log-prob mismatch",
           (schema.MISMATCH_MAX_ABS, schema.MISMATCH_K3), check_mismatch),
+    Check("mismatch_growing", "mismatch or masked share growing",
+          (schema.CORRECTION_MASKED_FRAC, schema.MISMATCH_MAX_ABS, schema.MISMATCH_K3), check_mismatch_growing),
     Check("reward_errors", "reward errors", (schema.REWARD_ERRORS,), check_reward_errors),
     Check("truncation", "truncation", (schema.LENGTH_TRUNC_FRAC,), check_truncation),
     Check("entropy_collapse", "entropy collapse", (schema.ENTROPY_LOOP,), check_entropy_collapse),

