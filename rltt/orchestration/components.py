@@ -39,10 +39,11 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     Call it before `make_learner`: other backends than an in-place learner need a separate
     copy, taken before DeepSpeed wraps (and under ZeRO-3 partitions) the learner's model; an
     engine that loads its own copy (vLLM) saves that copy once for its loader."""
+    sizing = {"prompt_tokens": recipe.data.max_prompt_tokens}  # what an engine sizing itself plans for
     if shares_model(recipe):
-        return engine_for_section(recipe.rollout, model)
+        return engine_for_section(recipe.rollout, model, **sizing)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
-    return engine_for_section(recipe.rollout, copied)
+    return engine_for_section(recipe.rollout, copied, **sizing)
 
 
 def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1) -> Learner:

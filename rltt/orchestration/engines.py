@@ -54,10 +54,10 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
-    from rltt.vllm.vllm_engine import VllmEngine, require_vllm
+    from rltt.vllm.vllm_engine import VllmEngine, recipe_sizing, require_vllm
 
-    require_vllm()
-    return VllmEngine(model_or_dir, **{**vllm_options(rollout), **overrides})
+    require_vllm()  # sized from the recipe (completion length, rows of a step) unless rollout.vllm sets it
+    return VllmEngine(model_or_dir, **{**recipe_sizing(rollout), **vllm_options(rollout), **overrides})
 
 
 @dataclass(frozen=True)

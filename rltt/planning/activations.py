@@ -36,8 +36,22 @@ alone within 1 %. When the exit gate is differentiated too (the ``mixture`` log-
 stacked states, n·T·(b·d + 4), are released before the recompute as well: not credited, the
 estimate is then up to 16 % over on tiny models (less at real sizes, where T·L·b·d dominates).
 
-Packing (``learner.pack_sequences``) computes a group's shared prompt once; the plan does not
-credit it (it bounds the padded forward: every row's prompt + completion).
+**Packed scoring** (``learner.pack_sequences``, the default; `rltt.model.packing`): the forward
+runs over n = U·P + m·(C − 1) positions for a micro-batch of m rows from U distinct prompts of P
+tokens with completions of C (each prompt once; a row's last token is input to nothing), not the
+padded m·(P + C). Its attention gathers each call's queries, keys and values into a prefix part
+(U rows of P) and a suffix part (m rows whose keys are their prompt then their own suffix), so per
+layer call it saves, beyond the padded formula's attention over the same n positions::
+
+    packed_extra = b·q·n                      (the re-gathered output the output projection reads)
+                 + 2·b·kv'·(n_k − n)          (keys and values gathered: n_k = U·P + m·(P + C − 1))
+    kv' = q when Hkv < Hq (the masked call repeats K and V to every head), else kv
+
+    activations_packed = activations(n, n_s) + T·L·packed_extra
+                         (checkpointing: + packed_extra once, in the recomputed layer)
+
+(`RunSettings.learner_positions` gives n, n_s and n_k; the padded forward is planned when packing
+is off.)
 
 **Log-prob kernel workspace** (`rltt.kernels`), M = T·n_s rows, vocabulary chunk
 c = `default_chunk_size`\\ (M, V), weight V×d in b_w bytes; the backward is the peak::
@@ -93,14 +107,27 @@ def _per_scored(shape: ModelShape, b: int) -> int:
     return shape.loops * b * shape.hidden + 16 * shape.loops + 16
 
 
-def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False) -> int:
+def packed_attention_extra(shape: ModelShape, b: int, positions: int, key_positions: int) -> int:
+    """What one layer call of packed scoring saves beyond the padded formula's attention over the
+    same ``positions`` (module docstring): the gathered output, and keys/values gathered for
+    ``key_positions``."""
+    kv = shape.q_dim if shape.kv_heads < shape.heads else shape.kv_dim
+    return b * shape.q_dim * positions + 2 * b * (kv * key_positions - shape.kv_dim * positions)
+
+
+def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
+                     key_positions: int | None = None) -> int:
     """Bytes autograd keeps at its peak for a forward over ``positions`` positions, ``scored`` of
     them scored (see the module docstring); with ``checkpointing`` the first layer recompute
-    included, less what the backward released before it."""
+    included, less what the backward released before it. ``key_positions``: packed scoring, the
+    keys its attention gathers per layer call (None: the padded forward)."""
+    extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
     total = positions * _per_position(shape, b, checkpointing) + scored * _per_scored(shape, b)
     if checkpointing:
         released = scored * _per_scored(shape, b) + positions * norm_bytes(shape.hidden, 1, b) * shape.final_norm
-        total += max(0, positions * layer_bytes(shape, b) - released)
+        total += max(0, positions * layer_bytes(shape, b) + extra - released)
+    else:
+        total += shape.loops * shape.layers * extra
     return total
 
 

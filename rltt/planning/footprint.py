@@ -93,12 +93,11 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
         fp32_grads = 4 * part if s.zero_stage >= 1 else 4 * P * (b == 2)
     moment_bytes = 4 if ds else b
     foreach = moment_bytes * local if s.device == "cuda" else 2 * moment_bytes * shape.largest_module_parameters
-    rows = s.micro_rows
-    positions, scored = rows * s.sequence_tokens, rows * s.completion_tokens
+    positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)
     impl = "triton" if s.device == "cuda" else "chunked"
     return {
         "gradients": gradients,
-        "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing),
+        "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys),
         "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
         "step_workspace": fp32_grads + foreach,
     }

@@ -123,8 +123,13 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
     components = {k: components[k] for k in comp.ORDER}
     phases = comp.phases(components)
     fits = rows > 0 and all(v <= device_bytes for v in phases.values())
-    notes.append("activations bound the padded micro-batch (every row's prompt + completion); "
-                 "packed scoring computes a group's prompt once and needs less")
+    positions, _, keys = s.learner_positions()
+    if keys is None:
+        notes.append(f"activations: the padded micro-batch, {positions} positions (every row's prompt + "
+                     f"completion; learner.pack_sequences=true computes a group's prompt once)")
+    else:
+        notes.append(f"activations: the packed micro-batch, {positions} positions (each of its "
+                     f"{s.micro_prompts} prompt(s) once, then every row's completion)")
     return MemoryPlan(
         fits=fits, device=s.device, device_bytes=device_bytes, gpus=s.gpus, model_kind=shape.kind,
         parameters=shape.parameters, loops=shape.loops, layers=shape.layers,

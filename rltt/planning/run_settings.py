@@ -23,6 +23,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 KEYS = {
     "micro_batch_size": "learner.micro_batch_size",
     "checkpointing": "learner.activation_checkpointing",
+    "pack_sequences": "learner.pack_sequences",
     "zero_stage": "learner.zero_stage",
     "backend": "learner.backend",
     "needs_reference": "algorithm.track_kl",
@@ -55,6 +56,7 @@ class RunSettings:
     top_p: float
     top_k: int
     chunk_rows: int | str
+    pack_sequences: bool = True
 
     @classmethod
     def from_recipe(cls, recipe, device: str, gpus: int = 1) -> "RunSettings":
@@ -69,7 +71,7 @@ class RunSettings:
             prompts_per_step=r.prompts_per_step, group_size=r.group_size,
             prompt_tokens=recipe.data.max_prompt_tokens,
             completion_tokens=completion_width(r), top_p=r.top_p, top_k=r.top_k,
-            chunk_rows=r.chunk_rows,
+            chunk_rows=r.chunk_rows, pack_sequences=bool(getattr(learner, "pack_sequences", True)),
         )
 
     # -- dtypes ------------------------------------------------------------------------------
@@ -106,6 +108,25 @@ class RunSettings:
     def micro_rows(self) -> int:
         """Rows per learner micro-batch (`rltt.learner.Learner`: min(micro_batch_size, batch))."""
         return min(self.micro_batch_size, self.rows_per_rank)
+
+    @property
+    def micro_prompts(self) -> int:
+        """Distinct prompts in the learner micro-batch that holds the most: a group's G rows are
+        consecutive and micro-batches slice a rank's rows in order, so one may straddle groups."""
+        rows, m, g = self.rows_per_rank, self.micro_rows, self.group_size
+        return max((min(start + m, rows) - 1) // g - start // g + 1 for start in range(0, rows, m))
+
+    def learner_positions(self) -> tuple[int, int, int | None]:
+        """``(positions, scored, key positions)`` of the largest learner micro-batch's score forward
+        (`rltt.planning.activations`). Padded (``learner.pack_sequences: false``): every row's prompt
+        + completion, no key term (None). Packed: each distinct prompt once plus every row's
+        completion but its last token, and the keys packed attention gathers per layer call (each
+        prompt once for its own positions, then every row's prompt and suffix)."""
+        m, p, c = self.micro_rows, self.prompt_tokens, self.completion_tokens
+        if not self.pack_sequences:
+            return m * (p + c), m * c, None
+        prompts, suffix = self.micro_prompts, max(c - 1, 0)
+        return prompts * p + m * suffix, m * c, prompts * p + m * (p + suffix)
 
 
 def completion_width(rollout) -> int:

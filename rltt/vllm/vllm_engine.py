@@ -284,13 +284,6 @@ class VllmEngine(RolloutEngine):
         self.weights_version = 0
         self.sleep()  # until the first rollout (a no-op unless sleeping is on)
 
-    @classmethod
-    def from_rollout(cls, model_or_path: Any, rollout: Any, **options) -> "VllmEngine":
-        """An engine sized by a ``rollout`` recipe section (`recipe_sizing`: completion length, rows
-        of a step) under ``options`` (``rollout.vllm``'s and the caller's, e.g. ``prompt_tokens=
-        data.max_prompt_tokens``), which take precedence."""
-        return cls(model_or_path, **{**recipe_sizing(rollout), **options})
-
     # -- construction ----------------------------------------------------------------------
     def _model_dir(self, model_or_path: Any):
         from rltt.model.configuration import LoopConfig

@@ -136,17 +136,14 @@ def test_temporary_files_leave_dev_shm_when_it_is_short(tmp_path, monkeypatch):
         shutil.rmtree(path)
 
 
-@needs_vllm
-def test_from_rollout_passes_the_recipes_sizes(monkeypatch):
-    """What `rltt.orchestration.engines` hands the engine: rollout.vllm options, the recipe's sizes
-    and the caller's (data.max_prompt_tokens), the explicit ones first."""
-    from rltt.vllm.vllm_engine import VllmEngine
+def test_factory_options_with_the_recipes_sizes():
+    """What `rltt.orchestration.engines._vllm` hands `VllmEngine` once it adds `recipe_sizing`:
+    the recipe's sizes under rollout.vllm's options and the caller's (data.max_prompt_tokens)."""
+    from rltt.vllm.vllm_engine import recipe_sizing
 
-    seen = {}
-    monkeypatch.setattr(VllmEngine, "__init__", lambda self, model, **kw: seen.update(kw, model=model))
     recipe = load_train_recipe(None, ["rollout.engine=vllm", "rollout.schedule=dense", "rollout.prompts_per_step=2",
                                       "rollout.group_size=4", "rollout.max_new_tokens=20",
                                       "rollout.vllm.max_num_seqs=5"])
-    VllmEngine.from_rollout("m", recipe.rollout, **vllm_options(recipe.rollout), prompt_tokens=30)
-    assert seen["model"] == "m" and seen["new_tokens"] == 20 and seen["step_rows"] == 8
-    assert seen["max_num_seqs"] == 5 and seen["prompt_tokens"] == 30 and seen["sleep"] is None
+    options = {**recipe_sizing(recipe.rollout), **vllm_options(recipe.rollout), "prompt_tokens": 30}
+    assert options["new_tokens"] == 20 and options["step_rows"] == 8
+    assert options["max_num_seqs"] == 5 and options["prompt_tokens"] == 30 and options["sleep"] is None
