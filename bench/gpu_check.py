@@ -29,12 +29,20 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   32, and ``replay_logprobs`` bitwise against a sampled deferred rollout;
 - ``learner``: one RL learner step (packed scoring, backward, AdamW) on that model, after a
   warm-up step: tokens per second and peak memory;
+- ``plan``: `rltt plan`'s rollout and learner phase peaks (less its runtime component) against
+  ``max_memory_allocated`` around ``engine.generate`` and ``learner.update`` (peak stats reset at
+  each phase's start) of a train-like step on that model: the engine and learner of a torch-bf16
+  recipe built by ``rltt train``'s factories (a reference copy for ``track_kl``), 4 prompts × G = 8,
+  64 + 128 tokens, micro-batch 8; two steps, the second measured; without and with
+  ``learner.activation_checkpointing`` (target: planned/measured within 0.85–1.15; on CPU the same
+  comparison is bench/scale.py's, whose meter the CPU mode uses);
 - ``smoke``: 5 steps of ``rltt train`` (the CLI's entry point, in-process) with a small random
   LoopLM and a locally trained tokenizer, on the GSM8K sample shipped with rltt.
 
 Needs only torch, triton, transformers and rltt itself. Targets (recorded, not asserted):
 deferred >= 1.5x dense tokens/s at batch >= 8; native >= 2x ``generate()`` at batch 32; the
-Triton kernel <= 1/20 of the naive peak memory and <= 1x its time.
+Triton kernel <= 1/20 of the naive peak memory and <= 1x its time; the memory plan within 15 % of
+the measured phase peaks.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("deepspeed", "ray", "vllm")
-SECTIONS = ("imports", "kernels", "rollouts", "learner", "smoke")
+SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "smoke")
 GIB = 1024 ** 3
 
 # Ouro-1.4B's config.json (the fields rltt's importer reads); random weights.
@@ -83,17 +91,19 @@ class Shapes:
     generate_batch: int
     replay_batch: int
     learner: dict  # prompts, group, prompt_len, completion_len, micro
+    plan: dict  # prompts, group, prompt_len, new_tokens, micro: the train-like step of the plan section
     smoke: dict
 
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            budgets=dict(imports=20, kernels=100, rollouts=170, learner=60, smoke=80),
+            budgets=dict(imports=20, kernels=100, rollouts=145, learner=55, plan=35, smoke=75),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
             model=OURO_1_4B, batches=[1, 8, 32, 256], new_tokens=128, prompt_len=32, generate_batch=32,
             replay_batch=8, learner=dict(prompts=8, group=8, prompt_len=128, completion_len=384, micro=8),
+            plan=dict(prompts=4, group=8, prompt_len=64, new_tokens=128, micro=8),
             smoke=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=32,
                        micro=16, dtype="bf16", threads=0))
 
@@ -102,11 +112,12 @@ class Shapes:
         small = dict(OURO_1_4B, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
         return Shapes(
-            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, smoke=90),
+            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, plan=50, smoke=90),
             kernel_checks=[(3, 7, 24, 101, 1.0, False), (2, 6, 16, 70, 0.7, True)],
             kernel_times=[(2, 8, 16, 128), (2, 4, 16, 128)], kernel_reps=1,
             model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2,
             learner=dict(prompts=1, group=2, prompt_len=4, completion_len=4, micro=2),
+            plan=dict(prompts=2, group=2, prompt_len=6, new_tokens=4, micro=2),
             smoke=dict(hidden=16, layers=1, heads=2, prompts=1, group=2, new_tokens=4, eval_size=2,
                        micro=2, dtype="fp32", threads=1))
 
@@ -700,6 +711,134 @@ def section_learner(ctx: Context, sec: SectionResult, deadline: Deadline) -> Non
     model.eval()
 
 
+# -- plan: the memory plan against the GPU's allocator ---------------------------------------------------
+def _scale_meter():
+    """bench/scale.py's CPU meter (live tensors + the profiler's allocation peak), for the CPU smoke."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scale_meter", ROOT / "bench" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_phase(ctx: Context, fn):
+    """``(fn(), start bytes, peak bytes)``: on CUDA the allocated bytes at the start and
+    ``max_memory_allocated`` over the call (peak stats reset at its start); on CPU bench/scale.py's
+    meter (live tensor bytes + the allocator events' running peak)."""
+    import torch
+
+    if ctx.cuda:
+        ctx.sync()
+        start = torch.cuda.memory_allocated(ctx.device)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+        out = fn()
+        ctx.sync()
+        return out, start, torch.cuda.max_memory_allocated(ctx.device)
+    out, measured = _scale_meter().measure_call(fn)
+    return out, measured.start_bytes, measured.peak
+
+
+def section_plan(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    """`rltt plan`'s two phase peaks against the measured ones, for a train-like step on the Ouro-shaped
+    model: the recipe's engine and learner built by `rltt train`'s factories (torch backend, bf16,
+    ``track_kl``: a reference copy; the engine shares the policy), then two steps of rollout →
+    learner update (random advantages) → weight sync; the second step is measured (the first
+    creates AdamW's moments, which the plan counts as resident). The plan excludes its runtime
+    component (CUDA context, allocator reserve: not allocated tensors). Without and with
+    ``learner.activation_checkpointing``."""
+    from dataclasses import replace
+
+    import torch
+    import yaml
+
+    from rltt.learner import LearnerBatch
+    from rltt.orchestration.components import make_engine, make_learner
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.planning import plan_run
+    from rltt.rollout import SamplingParams
+
+    p = ctx.shapes.plan
+    model = ctx.ouro_model()
+    vocab = model.config.vocab_size
+    device_bytes = (torch.cuda.get_device_properties(ctx.device).total_memory if ctx.cuda else 64 * GIB)
+    last = 0.0
+    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-plan-") as name:
+        tmp = Path(name)
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text(json.dumps(ctx.shapes.model))
+        for ckpt in (False, True):
+            tag = f"plan.ckpt_{'on' if ckpt else 'off'}"
+            if not deadline.allows(1.3 * last):
+                sec.skip(f"{tag}: the step does not fit the time left")
+                continue
+            start_time = time.perf_counter()
+            raw = {
+                "model": {"path": str(tmp / "model"), "dtype": "bf16", "device": ctx.device.type},
+                "data": {"source": "synthetic:quickstart", "max_prompt_tokens": p["prompt_len"]},
+                "rollout": {"prompts_per_step": p["prompts"], "group_size": p["group"],
+                            "max_new_tokens": p["new_tokens"], "schedule": "deferred", "exit_policy": "sample"},
+                "algorithm": {"track_kl": True},
+                "learner": {"backend": "torch", "dtype": "bf16", "lr": 1e-6, "micro_batch_size": p["micro"],
+                            "activation_checkpointing": ckpt},
+                "logging": {"run_dir": str(tmp / "run")},
+            }
+            (tmp / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+            recipe = load_train_recipe(tmp / "recipe.yaml", [])
+            plan = plan_run(recipe, ctx.shapes.model, device_bytes, device="cuda" if ctx.cuda else "cpu")
+            # as `rltt train` resolves rollout.chunk_rows: auto from its plan
+            recipe = replace(recipe, rollout=replace(recipe.rollout, chunk_rows=plan.rollout_rows_per_chunk))
+            setting = (f"{model_setting(model)}; {tag.split('.')[1]}: {p['prompts']} prompts x G={p['group']}, random "
+                       f"prompts of {p['prompt_len']} tokens + {p['new_tokens']} new (ignore_eos), deferred, sampled "
+                       f"exits; torch AdamW bf16, track_kl, micro-batch {p['micro']}, packed; the second of two "
+                       f"steps measured ({'max_memory_allocated, reset per phase' if ctx.cuda else 'live tensors + profiler allocation peak'}); "
+                       f"plan = rltt plan's phase minus its runtime component")
+            engine = learner = None
+            try:
+                engine = make_engine(recipe, model)
+                learner = make_learner(recipe, model)
+                gen = torch.Generator().manual_seed(7)
+                measured = {}
+                for step in (1, 2):
+                    prompts = [torch.randint(1, vocab, (p["prompt_len"],), generator=gen).tolist()
+                               for _ in range(p["prompts"])]
+                    params = SamplingParams(temperature=1.0, max_new_tokens=p["new_tokens"], n=p["group"], seed=step,
+                                            schedule="deferred", exit_policy="sample", ignore_eos=True)
+                    if step == 2:
+                        rollout, *measured["rollout"] = measure_phase(ctx, lambda: engine.generate(prompts, params))
+                    else:
+                        rollout = engine.generate(prompts, params)
+                    batch = LearnerBatch.from_rollout(rollout, advantages=torch.randn(rollout.completion_ids.shape[0],
+                                                                                      generator=gen))
+                    del rollout
+                    if step == 2:
+                        metrics, *measured["learner"] = measure_phase(ctx, lambda: learner.update(batch))
+                    else:
+                        metrics = learner.update(batch)
+                    engine.load_weights(*learner.rollout_state_dict())
+                runtime = plan.components["runtime"]
+                for phase in ("rollout", "learner"):
+                    start, peak = measured[phase]
+                    planned = plan.phases[phase] - runtime
+                    sec.add(f"{tag}.{phase}.planned_gib", round(planned / GIB, 6), "GiB", setting)
+                    sec.add(f"{tag}.{phase}.measured_gib", round(peak / GIB, 6), "GiB", setting)
+                    sec.add(f"{tag}.{phase}.start_gib", round(start / GIB, 6), "GiB (allocated at the phase start)",
+                            setting)
+                    sec.add(f"{tag}.{phase}.planned/measured", ratio(planned, peak), "x (target 0.85-1.15)", setting)
+                sec.add(f"{tag}.activations_planned_gib", round(plan.components["activations"] / GIB, 6), "GiB",
+                        setting)
+                sec.add(f"{tag}.rows_per_chunk", plan.rollout_rows_per_chunk, "rows", setting)
+                sec.add(f"{tag}.loss_finite", bool(math.isfinite(metrics["loss/total"])), "", setting)
+            finally:
+                del engine, learner
+                model.gradient_checkpointing_disable()
+                model.eval()
+                ctx.release()
+            last = time.perf_counter() - start_time
+            sec.add(f"{tag}.seconds", round(last, 2), "s (two steps)", setting)
+
+
 # -- smoke: `rltt train` --------------------------------------------------------------------------------
 def write_smoke_run(ctx: Context, tmp: Path) -> Path:
     """A small random LoopLM with a locally trained tokenizer, and a recipe on the GSM8K sample."""
@@ -833,7 +972,7 @@ def write_outputs(report: dict, out: Path) -> None:
 
 # -- main ---------------------------------------------------------------------------------------------
 FUNCS = dict(imports=section_imports, kernels=section_kernels, rollouts=section_rollouts, learner=section_learner,
-             smoke=section_smoke)
+             plan=section_plan, smoke=section_smoke)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

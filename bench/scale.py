@@ -473,6 +473,275 @@ def format_breakdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(args) -> int:
+    """The tables of every configuration measured into ``--out`` so far (``<size>-ckpt-<mode>.json``)."""
+    out = Path(args.out)
+    order = {name: i for i, name in enumerate([*SMOKE_SIZES, *SIZES])}
+    rows = []
+    for f in sorted(out.glob("*-ckpt-*.json")):
+        r = json.loads(f.read_text())
+        if "size" in r:
+            rows.append(r)
+    rows.sort(key=lambda r: (order.get(r["size"], 99), not r.get("pack", True), r["checkpointing"]))
+    print(format_rows(rows))
+    print()
+    print(format_breakdown(rows))
+    return 0
+
+
+# -- (b) the full shape -------------------------------------------------------------------------------------
+def ouro_1_4b() -> dict:
+    """Ouro-1.4B's config.json fields (bench/gpu_check.py's ``OURO_1_4B``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_config", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return dict(module.OURO_1_4B)
+
+
+def ouro_fields(layers: int | None = None) -> dict:
+    """LoopConfig fields of Ouro-1.4B (`rltt.model.ouro.ouro_to_loop_config`), optionally fewer layers."""
+    from rltt.model.ouro import ouro_to_loop_config
+
+    config = ouro_1_4b()
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    c = ouro_to_loop_config(config)
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+            "attention_bias", "tie_word_embeddings", "num_loops", "norm_placement", "injection", "carry_normed_state")
+    return {k: getattr(c, k) for k in keys}
+
+
+SHAPE_WORK = dict(prompts=2, group=2, prompt_len=16, new_tokens=8)  # bf16 rollouts + scoring of the full shape
+UPDATE_WORK = Work(prompts=2, group=4, new_tokens=16, micro=4)  # the fp32 train step
+
+
+def shape_worker(args) -> int:
+    """``_shape``: Ouro-1.4B's full shape in bf16 — build, native rollouts, the scoring forward."""
+    import math
+
+    import torch
+
+    from rltt.learner.learner_batch import LearnerBatch
+    from rltt.learner.scoring import score_tokens
+    from rltt.model import LoopConfig, LoopedForCausalLM
+    from rltt.model.exits import gate_lambda
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.planning import plan_run
+    from rltt.rollout import NativeEngine, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    w = SHAPE_WORK
+    out = Path(args.out)
+    result: dict = {"work": w}
+    fields = ouro_fields()
+    config = LoopConfig(exit_policy="sample", **fields)
+    t0 = time.perf_counter()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy on the way
+    torch.manual_seed(0)
+    model = LoopedForCausalLM(config).eval()
+    torch.set_default_dtype(torch.float32)
+    lam = gate_lambda(2.5, config.num_loops)  # E[t*] = 2.5 of 4 under the sample exit policy
+    with torch.no_grad():
+        model.model.exit_gate.weight.zero_()
+        model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
+    result["build_s"] = round(time.perf_counter() - t0, 2)
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["rss_after_build_gib"] = round(_status_kib("VmRSS") / (1 << 20), 3)
+    print(f"[scale] built {result['parameters']:,} parameters in {result['build_s']} s", flush=True)
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, config.vocab_size, (w["prompt_len"],), generator=gen).tolist()
+               for _ in range(w["prompts"])]
+    params = SamplingParams(temperature=1.0, max_new_tokens=w["new_tokens"], n=w["group"], seed=3,
+                            schedule="deferred", exit_policy="sample", ignore_eos=True)
+    engine = NativeEngine(model)
+    rollout, measured = measure_call(engine.generate, prompts, params)
+    result["rollout"] = measured.to_json()
+    result["rollout_tokens"] = int(rollout.completion_mask.sum())
+    result["rollout_passes"] = rollout.stats.passes
+    print(f"[scale] rollout {measured.seconds:.1f} s", flush=True)
+
+    batch = LearnerBatch.from_rollout(rollout)
+    model.train()  # the learner's scoring pass (at the rollout weights: no gradients)
+    with torch.no_grad():
+        scores, measured = measure_call(score_tokens, model, batch, pack=True)
+    model.eval()
+    result["scoring"] = measured.to_json()
+    result["scored_tokens"] = int(batch.target_mask.sum())
+    result["scoring_finite"] = bool(torch.isfinite(scores.logprobs).all())
+    print(f"[scale] scoring forward {measured.seconds:.1f} s", flush=True)
+
+    # the plan of the same rollout: the engine alone holds the weights (bf16, no learner here)
+    folder = out / "ouro-1.4b-config"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(ouro_1_4b()))
+    recipe = load_train_recipe(write_recipe(out / "recipes" / "full-shape-bf16.yaml", {
+        "model": {"path": str(folder), "dtype": "bf16", "device": "cpu"},
+        "data": {"source": "synthetic:quickstart", "max_prompt_tokens": w["prompt_len"]},
+        "rollout": {"prompts_per_step": w["prompts"], "group_size": w["group"], "max_new_tokens": w["new_tokens"]},
+        "algorithm": {"track_kl": False},
+        "learner": {"backend": "torch", "dtype": "bf16"},
+        "logging": {"run_dir": str(out / "runs" / "full-shape-bf16")},
+    }), [])
+    plan = plan_run(recipe, ouro_1_4b(), 64 * GIB, device="cpu")
+    c = plan.components
+    result["plan"] = {"weights": c["weights"], "rollout_extra": c["rollout_kv"] + c["rollout_state"]
+                      + c["rollout_workspace"], "components": dict(c)}
+    result["peak_rss_gib"] = round(_status_kib("VmHWM") / (1 << 20), 3)
+    Path(args.result).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def update_layers_auto(work: Work, budget_bytes: int) -> tuple[int, int]:
+    """The most layers (4–24) whose fp32 ``rltt train`` step plans within ``budget_bytes`` (the
+    plan's peak, runtime included); and that peak."""
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.planning import plan_run
+
+    import tempfile
+
+    best = (4, 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        folder.mkdir()
+        recipe_path = write_recipe(Path(tmp) / "r.yaml", recipe_dict(folder, Path(tmp) / "run", work, False, True, 1,
+                                                                    max_prompt_tokens=160))
+        for layers in range(4, 25):
+            config = {"model_type": "rltt_looped", **ouro_fields(layers)}
+            (folder / "config.json").write_text(json.dumps(config))
+            plan = plan_run(load_train_recipe(recipe_path, []), config, 1 << 50, device="cpu")
+            peak = plan.peak_bytes - plan.components["runtime"] + 2 * GIB  # the process itself: ~2 GiB
+            if peak > budget_bytes:
+                break
+            best = (layers, peak)
+    return best
+
+
+def full_shape(args) -> int:
+    from rltt.planning.sources import available_cpu_bytes
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"command": "python bench/scale.py " + " ".join(args.argv)}
+    if "shape" in args.parts:
+        print("[scale] full shape in bf16: build, rollouts, scoring forward ...", flush=True)
+        run_worker_cmd("_shape", ["--out", str(out), "--result", str(out / "full-shape-bf16.json"),
+                                  "--threads", str(args.threads)], out / "full-shape-bf16.log")
+        summary["bf16"] = json.loads((out / "full-shape-bf16.json").read_text())
+    if "update" in args.parts:
+        available = available_cpu_bytes()
+        if args.update_layers == "auto":
+            layers, planned = update_layers_auto(UPDATE_WORK, int(args.memory_fraction * available))
+        else:
+            layers, planned = int(args.update_layers), None
+        print(f"[scale] fp32 rltt train step with {layers} of 24 layers (available {available / GIB:.1f} GiB) ...",
+              flush=True)
+        tag = f"full-width-{layers}L"
+        model_dir = out / "models" / tag
+        recipe = write_recipe(out / "recipes" / f"{tag}.yaml",
+                              recipe_dict(model_dir, out / "runs" / tag, UPDATE_WORK, False, True, args.threads))
+        argv = ["--recipe", str(recipe), "--result", str(out / f"{tag}.json"), "--threads", str(args.threads)]
+        if not (model_dir / "config.json").is_file():
+            argv += ["--build", json.dumps({"path": str(model_dir), "fields": ouro_fields(layers)})]
+        start = time.perf_counter()
+        run_worker(argv, out / f"{tag}.log")
+        result = json.loads((out / f"{tag}.json").read_text())
+        result.update(size=f"Ouro width, {layers} layers", layers=layers, checkpointing=False, pack=True,
+                      available_gib=round(available / GIB, 1), wall_s=round(time.perf_counter() - start, 1))
+        (out / f"{tag}.json").write_text(json.dumps(result, indent=1))
+        summary["update"] = result
+    (out / "full-shape.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(format_full_shape(summary))
+    return 0
+
+
+def format_full_shape(summary: dict) -> str:
+    lines = []
+    bf16 = summary.get("bf16")
+    if bf16:
+        w, r, sc = bf16["work"], bf16["rollout"], bf16["scoring"]
+        planned = bf16["plan"]["weights"] + bf16["plan"]["rollout_extra"]
+        lines += [
+            f"Ouro-1.4B shape, random, bf16: {bf16['parameters']:,} parameters, built in {bf16['build_s']} s "
+            f"(RSS {bf16['rss_after_build_gib']} GiB)",
+            "",
+            "| what | work | time s | live at start GiB | created peak GiB | peak GiB | planned GiB | planned/measured |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+            f"| native rollout (deferred, sampled exits) | {w['prompts']} prompts × G={w['group']}, prompt "
+            f"{w['prompt_len']} + {w['new_tokens']} new tokens ({bf16['rollout_tokens']} tokens, "
+            f"{bf16['rollout_passes']} passes) | {r['seconds']:.1f} | {_gib(r['start_bytes'])} | "
+            f"{_gib(r['created_peak'])} | {_gib(r['peak'])} | {_gib(planned)} (weights + rollout terms) | "
+            f"{planned / r['peak']:.3f} |",
+            f"| learner scoring forward (packed, no gradients) | the rollout's {bf16['scored_tokens']} completion "
+            f"tokens, all 24 layers × T=4 | {sc['seconds']:.1f} | {_gib(sc['start_bytes'])} | "
+            f"{_gib(sc['created_peak'])} | {_gib(sc['peak'])} | — | — |",
+            "",
+            f"peak RSS of the process: {bf16['peak_rss_gib']} GiB; log-probs finite: {bf16['scoring_finite']}",
+        ]
+    update = summary.get("update")
+    if update:
+        lines += ["", f"fp32 `rltt train` at full width and vocabulary, {update['layers']} of 24 layers "
+                      f"({update['plan']['parameters']:,} parameters; second step measured; rollout "
+                      f"{update['time_rollout_s']:.1f} s, learner {update['time_learner_s']:.1f} s; peak RSS "
+                      f"{update['peak_rss_gib']} GiB):", "", format_rows([update])]
+    return "\n".join(lines)
+
+
+def run_worker_cmd(command: str, argv: list[str], log: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), command, *argv], cwd=ROOT, env=env,
+                              stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise RuntimeError(f"{command} exited {proc.returncode}; log: {log}\n" + log.read_text()[-3000:])
+
+
+# -- (c) the GPU recipes' plans --------------------------------------------------------------------------------
+RECIPES = ("recipes/gsm8k.yaml", "recipes/gsm8k-thinking.yaml")
+
+
+def recipe_plans(args) -> int:
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.planning import plan_run
+
+    out = Path(args.out)
+    folder = out / "ouro-1.4b-config"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = ouro_1_4b()
+    (folder / "config.json").write_text(json.dumps(config))
+    sizes = [float(x) for x in args.gpu_memory.split(",")]
+    rows = []
+    for name in RECIPES:
+        recipe = load_train_recipe(ROOT / name, [f"model.path={folder}"])
+        for gib in sizes:
+            plan = plan_run(recipe, config, int(gib * GIB), device="cuda")
+            rows.append({"recipe": name, "gpu_gib": gib, **plan.to_json()})
+    (out / "recipes.json").write_text(json.dumps(rows, indent=1))
+    print(format_recipe_plans(rows))
+    return 0
+
+
+def format_recipe_plans(rows: list[dict]) -> str:
+    g = lambda n: f"{n / GIB:.1f}"  # noqa: E731
+    lines = ["| recipe | --gpu-memory GiB | fits | rollout phase GiB (rows per chunk × chunks) | learner phase GiB | "
+             "activations GiB (micro-batch, checkpointing) | resident GiB |", "|---|---:|---|---|---:|---|---:|"]
+    for r in rows:
+        c = r["components"]
+        resident = sum(c[k] for k in ("weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights"))
+        lines.append(f"| {r['recipe']} | {r['gpu_gib']:g} | {'yes' if r['fits'] else 'NO'} | {g(r['phases']['rollout'])} "
+                     f"({r['rollout_rows_per_chunk']} × {r['chunks_per_step']}) | {g(r['phases']['learner'])} | "
+                     f"{g(c['activations'])} ({r['micro_batch_rows']} rows, "
+                     f"{'on' if r['activation_checkpointing'] else 'off'}) | {g(resident)} |")
+    first = rows[0]["components"]
+    lines += ["", "components at the first size (GiB): "
+              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in first.items() if v)]
+    return "\n".join(lines)
+
+
 # -- main -------------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -488,6 +757,28 @@ def parse_args(argv=None):
                         "per event)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
     p.set_defaults(func=measure)
+    r = sub.add_parser("report", help="the tables of every configuration measured into --out so far")
+    r.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
+    r.set_defaults(func=report)
+    f = sub.add_parser("full-shape", help="(b) Ouro-1.4B's shape: bf16 rollouts + scoring, one fp32 train step")
+    f.add_argument("--parts", default="shape,update", help="shape (bf16, 24 layers), update (fp32 train step)")
+    f.add_argument("--update-layers", default="auto",
+                   help="layers of the fp32 train step; auto: the most whose plan fits --memory-fraction of the "
+                        "available memory (at least 4)")
+    f.add_argument("--memory-fraction", type=float, default=0.5)
+    f.add_argument("--threads", type=int, default=2)
+    f.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
+    f.set_defaults(func=full_shape)
+    c = sub.add_parser("recipes", help="(c) plans of recipes/gsm8k*.yaml on one GPU of each size")
+    c.add_argument("--gpu-memory", default="74.5,131.3", help="GiB per GPU, comma-separated (default: 80 GB and "
+                                                             "141 GB as 10^9 bytes)")
+    c.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
+    c.set_defaults(func=recipe_plans)
+    sh = sub.add_parser("_shape", help=argparse.SUPPRESS)
+    sh.add_argument("--out", required=True)
+    sh.add_argument("--result", required=True)
+    sh.add_argument("--threads", type=int, default=2)
+    sh.set_defaults(func=shape_worker)
     w = sub.add_parser("_config", help=argparse.SUPPRESS)
     w.add_argument("--recipe", default=None)
     w.add_argument("--result", required=True)
@@ -497,6 +788,8 @@ def parse_args(argv=None):
     w.set_defaults(func=worker)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(args, "parts"):
+        args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     return args
 
 

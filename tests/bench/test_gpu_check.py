@@ -52,6 +52,10 @@ EXPECTED = {
     + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"],
     "learner": ["first_step_s", "step_s", "scored_tokens_per_s", "packed_tokens_per_s", "peak_memory_gib",
                 "loss_finite"],
+    "plan": [f"plan.ckpt_{mode}.{k}" for mode in ("off", "on") for k in
+             [f"{phase}.{f}" for phase in ("rollout", "learner")
+              for f in ("planned_gib", "measured_gib", "start_gib", "planned/measured")]
+             + ["activations_planned_gib", "rows_per_chunk", "loss_finite", "seconds"]],
     "smoke": ["steps_logged", "wall_s", "step_time_s_mean", "rollout_tok_s_mean", "peak_memory_gb_max",
               "reward_mean", "eval_solve_rate_final", "checkpoint_written"],
 }
@@ -93,6 +97,10 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     assert values["steps_logged"] == 5 and values["checkpoint_written"] is True
     assert values["loss_finite"] is True
     assert values["auto_impl"] == "chunked"
+    for mode in ("off", "on"):  # the plan against bench/scale.py's CPU meter, at the tiny shapes
+        assert values[f"plan.ckpt_{mode}.loss_finite"] is True
+        for phase in ("rollout", "learner"):
+            assert 0.7 < values[f"plan.ckpt_{mode}.{phase}.planned/measured"] < 1.3, (mode, phase)
     text = (tmp_path / "gpu_check.md").read_text()
     assert "Command: `python bench/gpu_check.py --cpu-smoke" in text and "transformers" in text
     for name, sec in report["sections"].items():

@@ -17,7 +17,7 @@ from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
 from .helpers import synthetic_batch, tiny_policy
 
 #: metrics that measure time or the machine, not the computation
-UNTIMED = ("time/", "throughput/", "memory/")
+UNTIMED = ("time/", "throughput/", "memory/", "wall_time")
 
 
 def computed(metrics: dict) -> dict:
@@ -139,11 +139,19 @@ def test_deepspeed_zero3_two_processes(tmp_path):
 # -- rltt train ----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_three_step_train_logs_the_same_metrics(tmp_path):
+def test_three_step_train_logs_the_same_metrics(tmp_path, monkeypatch):
+    """Every non-timing value of metrics.jsonl (rollouts, rewards, losses, grad norms, eval) is
+    the same; the checkpoint function transformers' switch installs is seen running."""
+    import transformers.modeling_utils
+
     from rltt.cli.main import main
     from rltt.telemetry import read_metrics
     from tests.orchestration.test_local import write_recipe
 
+    calls = []
+    checkpoint = transformers.modeling_utils.checkpoint
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint",
+                        lambda *args, **kwargs: calls.append(1) or checkpoint(*args, **kwargs))
     runs = []
     for checkpointing in (False, True):
         root = tmp_path / str(checkpointing)
@@ -151,6 +159,7 @@ def test_three_step_train_logs_the_same_metrics(tmp_path):
         path = write_recipe(root)
         assert main(["train", str(path), f"learner.activation_checkpointing={str(checkpointing).lower()}"]) == 0
         runs.append([computed(r) for r in read_metrics(root / "run")])
+        assert bool(calls) == checkpointing
     assert len(runs[0]) == len(runs[1]) and [r["step"] for r in runs[1] if r["step"] > 0] == [1, 2, 3]
     for without, with_ckpt in zip(*runs):
         assert without == with_ckpt

@@ -19,7 +19,7 @@ def ouro(tmp_path):
 
 
 def test_too_big_exits_2_with_one_line_naming_keys(ouro, capsys):
-    code = main(["plan", GSM8K, f"model.path={ouro}", "--gpu-memory", "80"])
+    code = main(["plan", GSM8K, f"model.path={ouro}", "learner.micro_batch_size=8", "--gpu-memory", "80"])
     out, err = capsys.readouterr()
     assert code == 2
     lines = err.strip().splitlines()
