@@ -789,11 +789,12 @@ def section_plan(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
             plan = plan_run(recipe, ctx.shapes.model, device_bytes, device="cuda" if ctx.cuda else "cpu")
             # as `rltt train` resolves rollout.chunk_rows: auto from its plan
             recipe = replace(recipe, rollout=replace(recipe.rollout, chunk_rows=plan.rollout_rows_per_chunk))
+            meter = ("max_memory_allocated, peak reset per phase" if ctx.cuda
+                     else "live tensors + profiler allocation peak, bench/scale.py")
             setting = (f"{model_setting(model)}; {tag.split('.')[1]}: {p['prompts']} prompts x G={p['group']}, random "
                        f"prompts of {p['prompt_len']} tokens + {p['new_tokens']} new (ignore_eos), deferred, sampled "
                        f"exits; torch AdamW bf16, track_kl, micro-batch {p['micro']}, packed; the second of two "
-                       f"steps measured ({'max_memory_allocated, reset per phase' if ctx.cuda else 'live tensors + profiler allocation peak'}); "
-                       f"plan = rltt plan's phase minus its runtime component")
+                       f"steps measured ({meter}); plan = rltt plan's phase minus its runtime component")
             engine = learner = None
             try:
                 engine = make_engine(recipe, model)

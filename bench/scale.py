@@ -203,8 +203,8 @@ class PhaseRecorder:
     """Wraps ``engine.generate`` (phase ``rollout``) and ``learner.update`` (phase ``learner``) of a
     trainer; call number ``at_call`` of each is measured."""
 
-    def __init__(self, engine, learner, at_call: int, timeline: bool = False):
-        self.at_call, self.timeline = at_call, timeline
+    def __init__(self, engine, learner, at_call: int, timeline: tuple[str, ...] = ()):
+        self.at_call, self.timeline = at_call, timeline  # the phases also measured by the memory timeline
         self.calls = {"rollout": 0, "learner": 0}
         self.results: dict[str, PhaseMeasure] = {}
         self._wrap(engine, "generate", "rollout")
@@ -217,7 +217,7 @@ class PhaseRecorder:
             self.calls[phase] += 1
             if self.calls[phase] != self.at_call:
                 return original(*args, **kwargs)
-            out, measured = measure_call(original, *args, timeline=self.timeline, **kwargs)
+            out, measured = measure_call(original, *args, timeline=phase in self.timeline, **kwargs)
             self.results[phase] = measured
             return out
 
@@ -318,7 +318,7 @@ def plan_figures(plan) -> dict:
 
 
 # -- one configuration (in its own process) ---------------------------------------------------------------
-def run_train_config(recipe_path: Path, steps: int = STEPS, timeline: bool = False) -> dict:
+def run_train_config(recipe_path: Path, steps: int = STEPS, timeline: tuple[str, ...] = ()) -> dict:
     """``rltt train`` of a written recipe, in this process, its last step's phases measured; the
     recipe's ``data.max_prompt_tokens`` is first set to the longest prompt the run draws."""
     from rltt.orchestration.train_recipe import load_train_recipe
@@ -366,7 +366,8 @@ def worker(args) -> int:
     if args.build:
         spec = json.loads(args.build)
         build_model(Path(spec["path"]), spec["fields"], spec.get("dtype", "fp32"))
-    result = run_train_config(Path(args.recipe), timeline=args.timeline) if args.recipe else {}
+    timeline = tuple(p for p in args.timeline.split(",") if p)
+    result = run_train_config(Path(args.recipe), timeline=timeline) if args.recipe else {}
     result["peak_rss_gib"] = round(_status_kib("VmHWM") / (1 << 20), 3)
     Path(args.result).write_text(json.dumps(result, indent=1))
     return 0
@@ -411,7 +412,7 @@ def measure(args) -> int:
                                   recipe_dict(model_dir, out / "runs" / tag, work, ckpt, args.pack, args.threads))
             argv = ["--recipe", str(recipe), "--result", str(out / f"{tag}.json"), "--threads", str(args.threads)]
             if name in args.timeline.split(","):
-                argv.append("--timeline")
+                argv += ["--timeline", args.timeline_phases]
             if not (model_dir / "config.json").is_file():
                 argv += ["--build", json.dumps({"path": str(model_dir), "fields": sizes[name]})]
             print(f"[scale] {tag} ...", flush=True)
@@ -501,11 +502,21 @@ def ouro_1_4b() -> dict:
     return dict(module.OURO_1_4B)
 
 
-def ouro_fields(layers: int | None = None) -> dict:
+#: ``full-shape --smoke``: the same code paths on an Ouro-style config of tiny sizes
+SMOKE_OURO = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2)
+
+
+def ouro_config(smoke: bool = False) -> dict:
+    """Ouro-1.4B's config.json, or with ``smoke`` its tiny variant."""
+    return dict(ouro_1_4b(), **SMOKE_OURO) if smoke else ouro_1_4b()
+
+
+def ouro_fields(layers: int | None = None, smoke: bool = False) -> dict:
     """LoopConfig fields of Ouro-1.4B (`rltt.model.ouro.ouro_to_loop_config`), optionally fewer layers."""
     from rltt.model.ouro import ouro_to_loop_config
 
-    config = ouro_1_4b()
+    config = ouro_config(smoke)
     if layers is not None:
         config["num_hidden_layers"] = layers
     c = ouro_to_loop_config(config)
@@ -536,8 +547,8 @@ def shape_worker(args) -> int:
     torch.set_num_threads(args.threads)
     w = SHAPE_WORK
     out = Path(args.out)
-    result: dict = {"work": w}
-    fields = ouro_fields()
+    result: dict = {"work": w, "smoke": args.smoke}
+    fields = ouro_fields(smoke=args.smoke)
     config = LoopConfig(exit_policy="sample", **fields)
     t0 = time.perf_counter()
     torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy on the way
@@ -550,6 +561,7 @@ def shape_worker(args) -> int:
         model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
     result["build_s"] = round(time.perf_counter() - t0, 2)
     result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["layers"] = config.num_hidden_layers
     result["rss_after_build_gib"] = round(_status_kib("VmRSS") / (1 << 20), 3)
     print(f"[scale] built {result['parameters']:,} parameters in {result['build_s']} s", flush=True)
 
@@ -578,7 +590,7 @@ def shape_worker(args) -> int:
     # the plan of the same rollout: the engine alone holds the weights (bf16, no learner here)
     folder = out / "ouro-1.4b-config"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(ouro_1_4b()))
+    (folder / "config.json").write_text(json.dumps(ouro_config(args.smoke)))
     recipe = load_train_recipe(write_recipe(out / "recipes" / "full-shape-bf16.yaml", {
         "model": {"path": str(folder), "dtype": "bf16", "device": "cpu"},
         "data": {"source": "synthetic:quickstart", "max_prompt_tokens": w["prompt_len"]},
@@ -587,7 +599,7 @@ def shape_worker(args) -> int:
         "learner": {"backend": "torch", "dtype": "bf16"},
         "logging": {"run_dir": str(out / "runs" / "full-shape-bf16")},
     }), [])
-    plan = plan_run(recipe, ouro_1_4b(), 64 * GIB, device="cpu")
+    plan = plan_run(recipe, ouro_config(args.smoke), 64 * GIB, device="cpu")
     c = plan.components
     result["plan"] = {"weights": c["weights"], "rollout_extra": c["rollout_kv"] + c["rollout_state"]
                       + c["rollout_workspace"], "components": dict(c)}
@@ -630,28 +642,36 @@ def full_shape(args) -> int:
     if "shape" in args.parts:
         print("[scale] full shape in bf16: build, rollouts, scoring forward ...", flush=True)
         run_worker_cmd("_shape", ["--out", str(out), "--result", str(out / "full-shape-bf16.json"),
-                                  "--threads", str(args.threads)], out / "full-shape-bf16.log")
+                                  "--threads", str(args.threads)] + ["--smoke"] * args.smoke,
+                       out / "full-shape-bf16.log")
         summary["bf16"] = json.loads((out / "full-shape-bf16.json").read_text())
     if "update" in args.parts:
         available = available_cpu_bytes()
-        if args.update_layers == "auto":
-            layers, planned = update_layers_auto(UPDATE_WORK, int(args.memory_fraction * available))
+        planned_peak = None
+        if args.smoke:
+            layers = 1
+        elif args.update_layers == "auto":
+            layers, planned_peak = update_layers_auto(UPDATE_WORK, int(args.memory_fraction * available))
         else:
-            layers, planned = int(args.update_layers), None
+            layers = int(args.update_layers)
         print(f"[scale] fp32 rltt train step with {layers} of 24 layers (available {available / GIB:.1f} GiB) ...",
               flush=True)
-        tag = f"full-width-{layers}L"
+        tag = f"full-width-{layers}L" + "-smoke" * args.smoke
         model_dir = out / "models" / tag
+        work = SMOKE_WORK if args.smoke else UPDATE_WORK
         recipe = write_recipe(out / "recipes" / f"{tag}.yaml",
-                              recipe_dict(model_dir, out / "runs" / tag, UPDATE_WORK, False, True, args.threads))
+                              recipe_dict(model_dir, out / "runs" / tag, work, False, True, args.threads))
         argv = ["--recipe", str(recipe), "--result", str(out / f"{tag}.json"), "--threads", str(args.threads)]
         if not (model_dir / "config.json").is_file():
-            argv += ["--build", json.dumps({"path": str(model_dir), "fields": ouro_fields(layers)})]
+            argv += ["--build", json.dumps({"path": str(model_dir), "fields": ouro_fields(layers, args.smoke)})]
         start = time.perf_counter()
         run_worker(argv, out / f"{tag}.log")
         result = json.loads((out / f"{tag}.json").read_text())
         result.update(size=f"Ouro width, {layers} layers", layers=layers, checkpointing=False, pack=True,
-                      available_gib=round(available / GIB, 1), wall_s=round(time.perf_counter() - start, 1))
+                      available_gib=round(available / GIB, 1), wall_s=round(time.perf_counter() - start, 1),
+                      layers_choice=None if planned_peak is None else
+                      f"auto: the most layers whose planned peak + ~2 GiB of process is within "
+                      f"{args.memory_fraction:g} of the {available / GIB:.1f} GiB available ({planned_peak / GIB:.1f} GiB)")
         (out / f"{tag}.json").write_text(json.dumps(result, indent=1))
         summary["update"] = result
     (out / "full-shape.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -677,7 +697,7 @@ def format_full_shape(summary: dict) -> str:
             f"{_gib(r['created_peak'])} | {_gib(r['peak'])} | {_gib(planned)} (weights + rollout terms) | "
             f"{planned / r['peak']:.3f} |",
             f"| learner scoring forward (packed, no gradients) | the rollout's {bf16['scored_tokens']} completion "
-            f"tokens, all 24 layers × T=4 | {sc['seconds']:.1f} | {_gib(sc['start_bytes'])} | "
+            f"tokens, all {bf16['layers']} layers × T=4 | {sc['seconds']:.1f} | {_gib(sc['start_bytes'])} | "
             f"{_gib(sc['created_peak'])} | {_gib(sc['peak'])} | — | — |",
             "",
             f"peak RSS of the process: {bf16['peak_rss_gib']} GiB; log-probs finite: {bf16['scoring_finite']}",
@@ -755,6 +775,7 @@ def parse_args(argv=None):
     p.add_argument("--timeline", default="",
                    help="comma-separated sizes whose phases are also measured by the memory timeline (slow: ~2 ms "
                         "per event)")
+    p.add_argument("--timeline-phases", default="rollout,learner", help="of those sizes, these phases")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
     p.set_defaults(func=measure)
     r = sub.add_parser("report", help="the tables of every configuration measured into --out so far")
@@ -766,6 +787,7 @@ def parse_args(argv=None):
                    help="layers of the fp32 train step; auto: the most whose plan fits --memory-fraction of the "
                         "available memory (at least 4)")
     f.add_argument("--memory-fraction", type=float, default=0.5)
+    f.add_argument("--smoke", action="store_true", help="the same code paths on a tiny Ouro-style config")
     f.add_argument("--threads", type=int, default=2)
     f.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
     f.set_defaults(func=full_shape)
@@ -778,13 +800,14 @@ def parse_args(argv=None):
     sh.add_argument("--out", required=True)
     sh.add_argument("--result", required=True)
     sh.add_argument("--threads", type=int, default=2)
+    sh.add_argument("--smoke", action="store_true")
     sh.set_defaults(func=shape_worker)
     w = sub.add_parser("_config", help=argparse.SUPPRESS)
     w.add_argument("--recipe", default=None)
     w.add_argument("--result", required=True)
     w.add_argument("--build", default=None)
     w.add_argument("--threads", type=int, default=2)
-    w.add_argument("--timeline", action="store_true")
+    w.add_argument("--timeline", default="", help="phases also measured by the memory timeline")
     w.set_defaults(func=worker)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
