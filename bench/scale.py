@@ -130,6 +130,7 @@ class PhaseMeasure:
     events: int = 0  # allocator events
     timeline_peak: int | None = None  # the memory timeline's CREATE − DESTROY peak (``timeline``)
     categories: dict = field(default_factory=dict)  # created bytes per profiler category at that peak
+    largest: list = field(default_factory=list)  # the largest tensors created and alive there, with their ops
 
     @property
     def peak(self) -> int:
@@ -152,30 +153,53 @@ def allocation_peak(prof) -> tuple[int, int]:
     return peak, len(events)
 
 
-def memory_timeline_peak(prof) -> tuple[int, int, dict]:
-    """``(peak, events, categories at the peak)`` of the running sum CREATE − DESTROY over
-    ``prof._memory_profile().timeline`` (tensors created in the profile, less those destroyed)."""
+def memory_timeline_peak(prof, top: int = 12) -> tuple[int, int, dict, list]:
+    """``(peak, events, categories, largest)`` of the running sum CREATE − DESTROY over
+    ``prof._memory_profile().timeline`` (tensors created in the profile, less those destroyed): its
+    peak, the created bytes per profiler category at that peak, and the ``top`` largest tensors
+    created and alive there with the op (and its parent op) that made them — a diagnosis."""
     from torch.profiler._memory_profiler import Action
 
     memory = prof._memory_profile()
+    timeline = memory.timeline
     running = peak = 0
-    by_cat: dict[str, int] = {}
-    at_peak: dict[str, int] = {}
-    for _, action, (key, version), size in memory.timeline:
-        if action not in (Action.CREATE, Action.DESTROY):
-            continue
-        sign = 1 if action == Action.CREATE else -1
-        running += sign * size
+    peak_at = -1
+    for i, (_, action, _, size) in enumerate(timeline):
+        if action in (Action.CREATE, Action.DESTROY):
+            running += size if action == Action.CREATE else -size
+            if running > peak:
+                peak, peak_at = running, i
+    live: dict = {}
+    for _, action, (key, version), size in timeline[: peak_at + 1]:
+        if action == Action.CREATE:
+            live[key] = (size, version)
+        elif action == Action.DESTROY:
+            live.pop(key, None)
+
+    def category(key, version) -> str:
         try:
-            category = memory._categories.get(key, version)
+            c = memory._categories.get(key, version)
         except Exception:  # noqa: BLE001 - categories are a diagnosis only
-            category = None
-        name = category.name.lower() if category is not None else "unknown"
-        by_cat[name] = by_cat.get(name, 0) + sign * size
-        if running > peak:
-            peak = running
-            at_peak = dict(by_cat)
-    return peak, len(memory.timeline), {k: v for k, v in at_peak.items() if v}
+            c = None
+        return c.name.lower() if c is not None else "unknown"
+
+    by_cat: dict[str, int] = {}
+    for key, (size, version) in live.items():
+        name = category(key, version)
+        by_cat[name] = by_cat.get(name, 0) + size
+    creators: dict = {}
+    for node in memory._data_flow_graph.flow_nodes:
+        event = node._event
+        parent = getattr(event, "parent", None)
+        where = event.name + (f" < {parent.name}" if parent is not None else "")
+        for key in node.outputs:
+            creators.setdefault(key, where)
+        for key in node.intermediates:
+            creators.setdefault(key, where + " (intermediate)")
+    largest = sorted(live.items(), key=lambda kv: -kv[1][0])[:top]
+    largest = [{"bytes": size, "category": category(key, version), "op": creators.get(key, "?")}
+               for key, (size, version) in largest]
+    return peak, len(timeline), {k: v for k, v in by_cat.items() if v}, largest
 
 
 def measure_call(fn, *args, timeline: bool = False, **kwargs):
@@ -195,7 +219,7 @@ def measure_call(fn, *args, timeline: bool = False, **kwargs):
     peak, events = allocation_peak(prof)
     measured = PhaseMeasure(start, peak, seconds, events)
     if timeline:
-        measured.timeline_peak, _, measured.categories = memory_timeline_peak(prof)
+        measured.timeline_peak, _, measured.categories, measured.largest = memory_timeline_peak(prof)
     return out, measured
 
 
