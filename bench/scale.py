@@ -1,46 +1,56 @@
 """Scale: the memory plan (`rltt plan`) against measured peaks, at full size, on CPU.
 
-Commands (from the repository root; every one prints its table and writes JSON under ``--out``):
+Commands (from the repository root; each prints its tables and writes JSON under ``--out``,
+default ``runs/bench-scale``):
 
-    python bench/scale.py measure                      # (a) plan vs measured, 12M / 80M / 320M, checkpointing off/on
-    python bench/scale.py measure --smoke --out /tmp/scale   # the same at tiny sizes, seconds (tests/bench/test_scale.py)
-    python bench/scale.py full-shape                   # (b) Ouro-1.4B's shape: bf16 rollouts + scoring, one fp32 train step
-    python bench/scale.py recipes                      # (c) the plans of recipes/gsm8k*.yaml on 80 GB and 141 GB GPUs
+    python bench/scale.py measure            # (a) plan vs measured: 12M / 80M / 320M, checkpointing off / on
+    python bench/scale.py measure --smoke --out /tmp/scale    # tiny sizes (tests/bench/test_scale.py)
+    python bench/scale.py report             # (a)'s tables from every configuration measured into --out
+    python bench/scale.py full-shape         # (b) Ouro-1.4B's shape: bf16 rollouts + scoring; one fp32 step
+    python bench/scale.py recipes            # (c) the plans of recipes/gsm8k*.yaml on 80 GB and 141 GB GPUs
 
 **(a) measure.** Random looped models (T = 4, Ouro-style sandwich norms, no injection; a char
-tokenizer trained locally) of three sizes run ``rltt train`` (`rltt.orchestration.trainer.Trainer`,
-in-process) on ``synthetic:quickstart``: torch backend, fp32, ``algorithm.track_kl`` (so a
-reference copy), two steps, no evaluation, no checkpoints. Each (size, checkpointing)
-configuration runs in its own subprocess. ``trainer.engine.generate`` and ``trainer.learner.update``
-are wrapped; the second step's calls are measured (the first step creates AdamW's moments, which
-the plan counts as resident: the second step is the steady state). Measured peak of a phase =
+tokenizer trained locally; the model's vocabulary is larger than the tokenizer's, ids beyond it
+decode to nothing) of three sizes run ``rltt train`` (`rltt.orchestration.trainer.Trainer`,
+in-process) on ``synthetic:quickstart``: torch backend, fp32, packed scoring (the default),
+``algorithm.track_kl`` (a reference copy), two steps, no evaluation, no checkpoints. Each
+(size, checkpointing) configuration runs in its own subprocess. ``trainer.engine.generate`` and
+``trainer.learner.update`` are wrapped and the second step's calls measured (the first step
+creates AdamW's moments, which the plan counts as resident: the second is the steady state).
+Measured peak of a phase =
 
     live tensor bytes at the phase start (a gc scan of every tensor and parameter gradient,
     unique storages: ``t.untyped_storage().data_ptr()`` → ``nbytes()``)
-  + the peak of the running sum CREATE − DESTROY of the torch.profiler memory timeline over the
-    phase (``torch.profiler.profile(activities=[CPU], profile_memory=True, record_shapes=True,
-    with_stack=True)``, then ``prof._memory_profile().timeline``): the tensors created in the phase,
-    less those freed, at their peak (a pre-existing tensor freed in the phase counts negative).
+  + the peak, over the phase, of the running sum of the CPU allocator's events in a
+    ``torch.profiler.profile(activities=[CPU], profile_memory=True)`` (+bytes at each allocation,
+    −bytes at each free, in time order; a free of an older tensor counts negative).
+
+That running sum is what the memory timeline sums (``prof._memory_profile().timeline``, CREATE −
+DESTROY, with ``record_shapes=True, with_stack=True``): ``--timeline SIZES`` measures both and
+they are equal to the byte on every configuration checked (tests/bench/test_scale.py too); the
+timeline is opt-in because its analysis costs ~2 ms per event (80 k events in a 12 M rollout) and
+stack capture slows small ops ~5×. It adds the profiler's tensor categories and the largest
+tensors alive at the peak with the ops that made them (how the loop-summed gradients were found).
 
 It is bytes of tensors (what the plan models), not RSS: allocator caches, the Python heap and
-libraries are the plan's ``runtime`` component, which the comparison leaves out on both sides.
-The plan is the run's own (``Trainer.plan``, device ``cpu``), with ``data.max_prompt_tokens`` set
-to the longest prompt the two steps draw (drawn first, with the run's tokenizer and template), so
-it sees the run's prompt length; completions run to ``max_new_tokens`` unless the random model
-stops (``length/mean`` is reported beside each row).
+libraries are the plan's ``runtime`` component, left out on both sides. The plan is the run's own
+(``Trainer.plan``, device ``cpu``), with ``data.max_prompt_tokens`` set to the longest prompt the
+two steps draw (drawn first, with the run's tokenizer and template); completions run to
+``max_new_tokens`` unless the random model stops (``length/mean`` is reported beside each row).
 
 **(b) full-shape.** A random model of Ouro-1.4B's exact config (`bench/gpu_check.py`'s
-``OURO_1_4B`` through `rltt.model.ouro.ouro_to_loop_config`, all 24 layers) in bf16: native
-rollouts (a few prompts, short completions) and the learner's scoring forward (packed, no
+``OURO_1_4B`` through `rltt.model.ouro.ouro_to_loop_config`, all 24 layers), built in bf16:
+native rollouts (a few prompts, short completions) and the learner's scoring forward (packed, no
 gradients), timed and measured as above; then one real ``rltt train`` step (rollout, rewards,
-learner update, weight sync; the measured second step as in (a)) at full width and vocabulary
+learner update, weight sync; the second step measured as in (a)) at full width and vocabulary
 with ``--update-layers`` layers in fp32 (bf16 matmul backward on an AVX2 CPU is ~30× slower than
-fp32), against its plan.
+fp32) — ``auto``: the most layers whose plan fits half the memory available.
 
-**(c) recipes.** ``rltt plan`` of ``recipes/gsm8k.yaml`` and ``recipes/gsm8k-thinking.yaml`` with a
-config-only Ouro-1.4B folder (``model.path=DIR``), for one GPU of each ``--gpu-memory`` size. The
-flag is in GiB (2^30 bytes): an "80 GB" card is planned at 74.5 GiB (80·10^9 bytes, the strictest
-reading) and the "141 GB" H200 at 131.3 GiB (141·10^9 bytes; torch reports 139.8 GiB on one).
+**(c) recipes.** The plans of ``recipes/gsm8k.yaml`` and ``recipes/gsm8k-thinking.yaml`` with a
+config-only Ouro-1.4B folder (what ``rltt plan RECIPE model.path=DIR --gpu-memory GiB`` prints).
+``--gpu-memory`` is in GiB (2^30 bytes): an "80 GB" card is planned at 74.5 GiB (80·10^9 bytes,
+the strictest reading; an 80 GB A100 or H100 reports about 79 GiB to CUDA) and the "141 GB" H200 at 131.3 GiB
+(141·10^9 bytes; torch reports 139.8 GiB on one).
 """
 
 from __future__ import annotations
@@ -54,7 +64,6 @@ import subprocess
 import sys
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -633,14 +642,15 @@ def shape_worker(args) -> int:
 
 
 def update_layers_auto(work: Work, budget_bytes: int) -> tuple[int, int]:
-    """The most layers (4–24) whose fp32 ``rltt train`` step plans within ``budget_bytes`` (the
-    plan's peak, runtime included); and that peak."""
+    """The most layers (4–24, at least 4) whose fp32 ``rltt train`` step plans within
+    ``budget_bytes`` (the plan's peak without its runtime, plus ~2 GiB for the process); and that
+    peak."""
     from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.planning import plan_run
 
     import tempfile
 
-    best = (4, 0)
+    best = None
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         folder.mkdir()
@@ -651,9 +661,11 @@ def update_layers_auto(work: Work, budget_bytes: int) -> tuple[int, int]:
             (folder / "config.json").write_text(json.dumps(config))
             plan = plan_run(load_train_recipe(recipe_path, []), config, 1 << 50, device="cpu")
             peak = plan.peak_bytes - plan.components["runtime"] + 2 * GIB  # the process itself: ~2 GiB
+            if peak > budget_bytes and best is not None:
+                break
+            best = (layers, peak)  # at least 4 layers, whatever the budget
             if peak > budget_bytes:
                 break
-            best = (layers, peak)
     return best
 
 
@@ -695,7 +707,8 @@ def full_shape(args) -> int:
                       available_gib=round(available / GIB, 1), wall_s=round(time.perf_counter() - start, 1),
                       layers_choice=None if planned_peak is None else
                       f"auto: the most layers whose planned peak + ~2 GiB of process is within "
-                      f"{args.memory_fraction:g} of the {available / GIB:.1f} GiB available ({planned_peak / GIB:.1f} GiB)")
+                      f"{args.memory_fraction:g} of the {available / GIB:.1f} GiB available "
+                      f"({planned_peak / GIB:.1f} GiB)")
         (out / f"{tag}.json").write_text(json.dumps(result, indent=1))
         summary["update"] = result
     (out / "full-shape.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -713,7 +726,8 @@ def format_full_shape(summary: dict) -> str:
             f"Ouro-1.4B shape, random, bf16: {bf16['parameters']:,} parameters, built in {bf16['build_s']} s "
             f"(RSS {bf16['rss_after_build_gib']} GiB)",
             "",
-            "| what | work | time s | live at start GiB | created peak GiB | peak GiB | planned GiB | planned/measured |",
+            "| what | work | time s | live at start GiB | created peak GiB | peak GiB | planned GiB | "
+            "planned/measured |",
             "|---|---|---:|---:|---:|---:|---:|---:|",
             f"| native rollout (deferred, sampled exits) | {w['prompts']} prompts × G={w['group']}, prompt "
             f"{w['prompt_len']} + {w['new_tokens']} new tokens ({bf16['rollout_tokens']} tokens, "
@@ -776,7 +790,8 @@ def format_recipe_plans(rows: list[dict]) -> str:
     for r in rows:
         c = r["components"]
         resident = sum(c[k] for k in ("weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights"))
-        lines.append(f"| {r['recipe']} | {r['gpu_gib']:g} | {'yes' if r['fits'] else 'NO'} | {g(r['phases']['rollout'])} "
+        lines.append(f"| {r['recipe']} | {r['gpu_gib']:g} | {'yes' if r['fits'] else 'NO'} | "
+                     f"{g(r['phases']['rollout'])} "
                      f"({r['rollout_rows_per_chunk']} × {r['chunks_per_step']}) | {g(r['phases']['learner'])} | "
                      f"{g(c['activations'])} ({r['micro_batch_rows']} rows, "
                      f"{'on' if r['activation_checkpointing'] else 'off'}) | {g(resident)} |")

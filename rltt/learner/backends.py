@@ -138,10 +138,9 @@ def init_distributed_if_needed() -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    if "RANK" not in os.environ:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))  # a fixed or pid-derived port can be taken
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    if "RANK" not in os.environ:  # a one-process group: a fresh port, never one left in the environment
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend)
 

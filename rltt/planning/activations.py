@@ -53,6 +53,20 @@ layer call it saves, beyond the padded formula's attention over the same n posit
 (`RunSettings.learner_positions` gives n, n_s and n_k; the padded forward is planned when packing
 is off.)
 
+**After the last loop's backward** — the second candidate for the learner's peak. Every layer of
+the shared block is used once per loop step, so autograd sums a parameter's T gradient
+contributions in a buffer (`rltt.planning.footprint`: ``loop_gradients``) that exists from the
+backward of loop T until that of loop 1. When the backward has gone through loop T every buffer
+exists and the activations still held are everything but the per-scored tensors and loop T's
+step::
+
+    held = activations − n_s·per scored − n·step − T_packed     (T_packed = L·packed_extra)
+    held_ckpt = forward_ckpt − n_s·per scored − n·step_ckpt + n·layer + packed_extra
+                (loop T's checkpoint inputs released; loop T − 1's last layer recomputed)
+
+(step includes the scalar injection's b·d when T > 1.) Measured at 320 M parameters (T·L = 48
+layer calls, bench/scale.py) this candidate, not the LM head's, is the peak.
+
 **Log-prob kernel workspace** (`rltt.kernels`), M = T·n_s rows, vocabulary chunk
 c = `default_chunk_size`\\ (M, V), weight V×d in b_w bytes; the backward is the peak::
 
@@ -95,12 +109,16 @@ def layer_bytes(shape: ModelShape, b: int) -> int:
     return shape.norms_per_layer * norm_bytes(shape.hidden, 1, b) + attention_bytes(shape, b) + mlp_bytes(shape, b)
 
 
+def _step(shape: ModelShape, b: int, checkpointing: bool) -> int:
+    """Saved per position by one loop step (its L layer calls and the final norm)."""
+    block = shape.layers * (b * shape.hidden if checkpointing else layer_bytes(shape, b))
+    return block + norm_bytes(shape.hidden, 1, b) * shape.final_norm
+
+
 def _per_position(shape: ModelShape, b: int, checkpointing: bool) -> int:
     d, T = shape.hidden, shape.loops
-    block = shape.layers * (b * d if checkpointing else layer_bytes(shape, b))
-    step = block + norm_bytes(d, 1, b) * shape.final_norm
     injected = b * d * (T - 1) * shape.injection
-    return T * step + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1
+    return T * _step(shape, b, checkpointing) + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1
 
 
 def _per_scored(shape: ModelShape, b: int) -> int:
@@ -129,6 +147,19 @@ def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, che
     else:
         total += shape.loops * shape.layers * extra
     return total
+
+
+def held_after_last_loop(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
+                         key_positions: int | None = None) -> int:
+    """Activation bytes still held when the backward has gone through loop T (module docstring):
+    what the loop-summed gradient buffers of the shared block add to."""
+    extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
+    last_step = _step(shape, b, checkpointing) + b * shape.hidden * shape.injection * (shape.loops > 1)
+    per_scored = scored * _per_scored(shape, b)
+    forward = positions * _per_position(shape, b, checkpointing) + per_scored
+    if checkpointing:
+        return forward - per_scored - positions * last_step + positions * layer_bytes(shape, b) + extra
+    return forward + shape.loops * shape.layers * extra - per_scored - positions * last_step - shape.layers * extra
 
 
 def logits_workspace_bytes(shape: ModelShape, b: int, weight_bytes: int, positions: int, scored: int,

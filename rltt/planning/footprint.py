@@ -14,6 +14,9 @@ part = ⌈P / N⌉ (a ZeRO partition)::
                     8·part (ZeRO ≥ 1)
     master_weights  DeepSpeed only: fp32 copy 4·P (ZeRO 0 with bf16), 4·part (ZeRO ≥ 1); torch keeps none
     gradients       torch b·P; DeepSpeed ZeRO 0/1 b·P; ZeRO 2/3 b·part + b·min(reduce bucket 5e8, P)
+    loop_gradients  b·(L·P_layer + d·[final norm]) when T > 1: every shared-block parameter is used by
+                    each loop step, and autograd sums its T contributions in a buffer of its size from
+                    the backward of loop T to that of loop 1, beside the gradients already accumulated
     step_workspace  at the optimizer step (activations are freed by then): DeepSpeed's fp32 gradients
                     (4·P ZeRO 0 with bf16, 4·part ZeRO ≥ 1) + AdamW's foreach temporaries (one moment
                     of the local parameters on CUDA; two copies of the largest tensor on CPU)
@@ -24,8 +27,12 @@ Activations and the log-prob workspace: `rltt.planning.activations`; rollout KV,
 workspace: `rltt.planning.rollout_memory`. Phases::
 
     rollout = resident + rollout_kv + rollout_state + rollout_workspace
-    learner = resident + gradients + max(activations + logits_workspace, step_workspace)
+    learner = resident + gradients + max(activations + logits_workspace,          (the LM head's backward)
+                                         held + loop_gradients,                    (loop T's backward done)
+                                         step_workspace)                           (the optimizer step)
     resident = runtime + weights + reference + engine_copy + vllm + optimizer + master_weights
+
+(held: the activations still held after loop T's backward, `rltt.planning.activations.held_after_last_loop`.)
 
 (the native engine frees its chunk's buffers before the learner runs; gradients are dropped after
 each optimizer step). The vLLM engine's KV lives inside its share, so its rollout terms are 0.
@@ -46,7 +53,7 @@ DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_si
 
 RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights")
 ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace")
-LEARNER = ("gradients", "activations", "logits_workspace", "step_workspace")
+LEARNER = ("gradients", "loop_gradients", "activations", "logits_workspace", "step_workspace")
 ORDER = RESIDENT + ROLLOUT + LEARNER
 
 
@@ -95,8 +102,10 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     foreach = moment_bytes * local if s.device == "cuda" else 2 * moment_bytes * shape.largest_module_parameters
     positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)
     impl = "triton" if s.device == "cuda" else "chunked"
+    shared = shape.layers * shape.layer_parameters() + shape.hidden * shape.final_norm
     return {
         "gradients": gradients,
+        "loop_gradients": b * shared if shape.loops > 1 else 0,
         "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys),
         "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
         "step_workspace": fp32_grads + foreach,
@@ -114,11 +123,20 @@ def rollout(shape: ModelShape, s: RunSettings, rows: int) -> dict[str, int]:
     }
 
 
-def phases(components: dict[str, int]) -> dict[str, int]:
-    """The rollout and learner phases' peak bytes from a full components map."""
-    base = sum(components[k] for k in RESIDENT)
+def held_activations(shape: ModelShape, s: RunSettings) -> int:
+    """The activations still held when the backward has gone through the last loop step."""
+    positions, scored, keys = s.learner_positions()
+    return act.held_after_last_loop(shape, s.train_bytes, positions, scored, s.checkpointing, key_positions=keys)
+
+
+def phases(components: dict[str, int], held: int | None = None) -> dict[str, int]:
+    """The rollout and learner phases' peak bytes from a full components map; ``held``: the
+    activations held after the last loop's backward (`held_activations`; None: all of them)."""
+    c = components
+    held = c["activations"] if held is None else held
+    base = sum(c[k] for k in RESIDENT)
     return {
-        "rollout": base + sum(components[k] for k in ROLLOUT),
-        "learner": base + components["gradients"] + max(components["activations"] + components["logits_workspace"],
-                                                         components["step_workspace"]),
+        "rollout": base + sum(c[k] for k in ROLLOUT),
+        "learner": base + c["gradients"] + max(c["activations"] + c["logits_workspace"], held + c["loop_gradients"],
+                                               c["step_workspace"]),
     }

@@ -121,7 +121,7 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
     shown_rows = rows or min(s.group_size, s.rows_per_rank)
     components = {**resident, **comp.rollout(shape, s, shown_rows), **comp.learner(shape, s)}
     components = {k: components[k] for k in comp.ORDER}
-    phases = comp.phases(components)
+    phases = comp.phases(components, comp.held_activations(shape, s))
     fits = rows > 0 and all(v <= device_bytes for v in phases.values())
     positions, _, keys = s.learner_positions()
     if keys is None:

@@ -17,6 +17,7 @@ LABELS = {
     "rollout_state": "rollout carry/gates/tokens",
     "rollout_workspace": "sampling / prefill workspace",
     "gradients": "gradients",
+    "loop_gradients": "loop-summed block gradients",
     "activations": "activations (one micro-batch)",
     "logits_workspace": "log-prob kernel workspace",
     "step_workspace": "optimizer-step workspace",

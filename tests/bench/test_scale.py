@@ -33,7 +33,8 @@ def test_meter_counts_live_tensors_and_the_peak_of_what_a_call_creates():
     assert 16_000_000 <= measured.created_peak <= 16_100_000
     # the allocator events and the memory timeline's CREATE - DESTROY agree
     assert measured.timeline_peak == measured.created_peak
-    assert abs(measured.start_bytes - before) < 1_000_000 and measured.peak == measured.start_bytes + measured.created_peak
+    assert abs(measured.start_bytes - before) < 1_000_000
+    assert measured.peak == measured.start_bytes + measured.created_peak
 
 
 @pytest.mark.slow

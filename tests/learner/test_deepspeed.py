@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import worker_env
+
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
@@ -16,11 +18,7 @@ ROOT = WORKER.parents[2]
 
 
 def _env():
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rltt" / "torch_extensions"))
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return worker_env()
 
 
 def _check(result_file: Path, world: int):

@@ -15,6 +15,7 @@ import torch
 from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
 
 from .helpers import synthetic_batch, tiny_policy
+from tests.subprocess_env import worker_env
 
 #: metrics that measure time or the machine, not the computation
 UNTIMED = ("time/", "throughput/", "memory/", "wall_time")
@@ -97,11 +98,7 @@ ROOT = WORKER.parents[2]
 
 
 def _env():
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rltt" / "torch_extensions"))
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return worker_env()
 
 
 def _check_ds(out: Path, world: int):

@@ -21,6 +21,7 @@ from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.step import rollout_seed
 from rltt.telemetry import read_metrics
+from tests.subprocess_env import worker_env
 
 from .helpers import tiny_checkpoint
 from .test_local import REWARD
@@ -34,13 +35,7 @@ P, G, STEPS = 4, 2, 2  # prompts per step, group size: 2 prompts (4 sequences) p
 
 
 def _env():
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rltt" / "torch_extensions"))
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # left by in-process tests
-        env.pop(key, None)
-    return env
+    return worker_env(RAY_AUTH_MODE="disabled")
 
 
 def _free_port() -> int:

@@ -1,5 +1,6 @@
 """`plan_run`: components per device, phases, the rollout chunk and the verdict line."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,10 @@ def test_chunk_rows_are_whole_groups_and_monotone_in_device_memory(a, b, gpus, g
         rows = plan.rollout_rows_per_chunk
         assert rows % group == 0 and rows <= plan.rows_per_rank <= -(-64 // gpus) * group
         assert plan.components["rollout_kv"] == max(rows, group) * plan.sequence_tokens * 786_432
-        if 0 < rows < plan.rows_per_rank:  # the largest: one more group would not fit
-            per_group = group * plan.sequence_tokens * 786_432
-            assert plan.phases["rollout"] + per_group > plan.device_bytes
+        if 0 < rows < plan.rows_per_rank:  # the largest: one more group (KV, state, workspace) would not fit
+            more = replace(recipe, rollout=replace(recipe.rollout, chunk_rows=rows + group))
+            assert plan_run(more, OURO_1_4B, plan.device_bytes, gpus=gpus, device="cuda").phases["rollout"] \
+                > plan.device_bytes
     assert low.rollout_rows_per_chunk <= high.rollout_rows_per_chunk
 
 
