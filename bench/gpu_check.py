@@ -1,7 +1,8 @@
 """One prepared GPU check: Triton kernels, rollouts, the learner and ``rltt train`` on one GPU.
 
-Device command (one H200, from the repository root; the section budgets sum to 430 s, so it
-finishes in at most 8 minutes; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
+Device command (one H200, from the repository root; the section budgets sum to 430 s without
+vLLM, whose section then takes a second, so it finishes in at most 8 minutes; with vLLM installed
+add its 150 s and raise the timeout; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
 
     set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=$PWD timeout 540 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
 
@@ -36,6 +37,11 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   64 + 128 tokens, micro-batch 8; two steps, the second measured; without and with
   ``learner.activation_checkpointing`` (target: planned/measured within 0.85–1.15; on CPU the same
   comparison is bench/scale.py's, whose meter the CPU mode uses);
+- ``vllm``: bench/gpu_check_vllm.py in its own process: `rltt.vllm.VllmEngine` on the rollouts
+  section's model with CUDA graphs on: greedy tokens and sampled exits against the native dense
+  schedule, tokens/s at batch 64 and 256, and two in-place weight loads visible in the outputs
+  (each against the native engine on the same weights). Where vLLM is not installed (the bare
+  GPU image) the section is ``absent`` with that note, not a failure;
 - ``smoke``: 5 steps of ``rltt train`` (the CLI's entry point, in-process) with a small random
   LoopLM and a locally trained tokenizer, on the GSM8K sample shipped with rltt.
 
@@ -66,7 +72,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("deepspeed", "ray", "vllm")
-SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "smoke")
+SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "vllm", "smoke")
 GIB = 1024 ** 3
 
 # Ouro-1.4B's config.json (the fields rltt's importer reads); random weights.
@@ -97,7 +103,7 @@ class Shapes:
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            budgets=dict(imports=20, kernels=100, rollouts=145, learner=55, plan=35, smoke=75),
+            budgets=dict(imports=20, kernels=100, rollouts=145, learner=55, plan=35, vllm=150, smoke=75),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
@@ -112,7 +118,7 @@ class Shapes:
         small = dict(OURO_1_4B, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
         return Shapes(
-            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, plan=50, smoke=90),
+            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, plan=50, vllm=240, smoke=90),
             kernel_checks=[(3, 7, 24, 101, 1.0, False), (2, 6, 16, 70, 0.7, True)],
             kernel_times=[(2, 8, 16, 128), (2, 4, 16, 128)], kernel_reps=1,
             model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2,
@@ -136,11 +142,13 @@ class SectionResult:
     name: str
     budget_s: float
     status: str = "not run"  # ok | partial (sub-steps skipped for time) | error (the section or a sub-step failed)
+    #                          | absent (what it checks is not installed: a note, not a failure)
     seconds: float = 0.0
     error: str | None = None
     skipped: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # sub-steps that failed while the section went on
     figures: list = field(default_factory=list)
+    absent: str | None = None  # why the section had nothing to check (e.g. vLLM not installed)
 
     def add(self, name: str, value, unit: str = "", setting: str = "") -> None:
         if isinstance(value, float) and not math.isfinite(value):
@@ -206,7 +214,8 @@ def run_section(name: str, fn, ctx: "Context") -> SectionResult:
     try:
         with alarm(budget, name):
             fn(ctx, result, Deadline(budget))
-        result.status = "error" if result.failures else "partial" if result.skipped else "ok"
+        result.status = ("error" if result.failures else "partial" if result.skipped else
+                         "absent" if result.absent else "ok")
     except (Exception, SectionTimeout) as exc:  # noqa: BLE001 - recorded; the other sections still run
         result.status = "error"
         result.failures.append(f"{type(exc).__name__}: {exc}".strip()[:2000])
@@ -924,6 +933,29 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
             raise RuntimeError(f"rltt train logged {len(steps)} steps, expected 5")
 
 
+# -- vLLM ---------------------------------------------------------------------------------------------
+def section_vllm(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    """bench/gpu_check_vllm.py in its own process (this one keeps vLLM unimportable); its figures
+    are this section's. Without vLLM installed the section is ``absent`` with a note."""
+    worker = Path(__file__).with_name("gpu_check_vllm.py")
+    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-vllm-") as name:
+        cmd = [sys.executable, str(worker), "--out", name] + (["--cpu-smoke"] if ctx.cpu_smoke else [])
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=max(deadline.left() - 5, 1))
+        result_file = Path(name) / "vllm.json"
+        if proc.returncode or not result_file.exists():
+            raise RuntimeError(f"bench/gpu_check_vllm.py exited with {proc.returncode}: {proc.stderr[-1500:]}")
+        result = json.loads(result_file.read_text())
+    if "absent" in result:
+        sec.absent = result["absent"]
+        print(f"[gpu_check] vllm: {sec.absent}", flush=True)
+        return
+    for f in result["figures"]:
+        sec.add(f["name"], f["value"], f["unit"], f["setting"])
+    sec.failures += result["failures"]
+
+
 # -- output -------------------------------------------------------------------------------------------
 def _fmt(value) -> str:
     if value is None:
@@ -952,7 +984,8 @@ def markdown(report: dict) -> str:
              f"- total {report['total_s']:.1f} s", "",
              "| section | status | seconds | budget s | error / skipped |", "|---|---|---:|---:|---|"]
     for sec in report["sections"].values():
-        note = (sec["error"] or "; ".join(f"skipped: {s}" for s in sec["skipped"]) or "").replace("|", "/")
+        note = (sec["error"] or "; ".join(f"skipped: {s}" for s in sec["skipped"]) or sec.get("absent") or ""
+                ).replace("|", "/")
         lines.append(f"| {sec['name']} | {sec['status']} | {sec['seconds']:.1f} | {sec['budget_s']:.0f} | {note} |")
     for sec in report["sections"].values():
         lines += ["", f"## {sec['name']}"]
@@ -973,7 +1006,7 @@ def write_outputs(report: dict, out: Path) -> None:
 
 # -- main ---------------------------------------------------------------------------------------------
 FUNCS = dict(imports=section_imports, kernels=section_kernels, rollouts=section_rollouts, learner=section_learner,
-             plan=section_plan, smoke=section_smoke)
+             plan=section_plan, vllm=section_vllm, smoke=section_smoke)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -1026,7 +1059,7 @@ def main(argv=None) -> int:
     report["total_s"] = round(time.perf_counter() - started, 2)
     write_outputs(report, args.out)
     print(markdown(report))
-    return 0 if all(s["status"] == "ok" for s in report["sections"].values()) else 1
+    return 0 if all(s["status"] in ("ok", "absent") for s in report["sections"].values()) else 1
 
 
 if __name__ == "__main__":

