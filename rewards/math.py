@@ -28,9 +28,12 @@ def math_verify(completion: str, answer: str, **kw) -> float:
     """1.0 if ``completion``'s final answer is mathematically equivalent to ``answer``, else 0.0."""
     mv = _math_verify_module()
     reference = extract_final_answer(answer) or answer
-    gold = mv.parse(reference)
+    # a bare LaTeX answer (MATH's "2\\sqrt{2}") parses as math only between $…$; raw text parses
+    # the first number alone
+    delimited = "$" in reference or "\\boxed" in reference or "\\(" in reference
+    gold = mv.parse(reference) if delimited else mv.parse(f"${reference}$")
     if not gold:
-        gold = mv.parse(f"${reference}$")
+        gold = mv.parse(f"${reference}$") if delimited else mv.parse(reference)
     text = answer_part(completion)
     hashed = extract_final_answer(text) if "\\boxed" not in text else None
     predicted = mv.parse(f"${hashed}$" if hashed is not None else text)

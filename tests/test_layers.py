@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rltt"
 LAYERS = [
     "errors",
     "config",        # typed recipes: YAML, overrides, one-line errors
+    "evaluation",    # pass@k, bootstrap intervals, paired comparisons (numpy and errors only)
     "telemetry",     # metric names, the metrics file, sinks, statistics, review
     "runtime",       # checkpoints, the non-finite guard, paths, devices, ranks
     "kernels",       # per-loop log-prob kernels

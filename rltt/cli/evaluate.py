@@ -1,45 +1,127 @@
-"""``rltt eval RECIPE.yaml [key=value ...]``: held-out solve rate and mean reward of a policy."""
+"""``rltt eval RECIPE.yaml [key=value ...]``: held-out solve rate, pass@1 … pass@k and mean@k with
+bootstrap intervals; ``rltt eval --compare A B``: the paired difference of two results with its
+interval and p-value; ``rltt eval --pool A``: several runs of one configuration pooled."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from pathlib import Path
+
+from rltt.errors import RlttError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``eval`` sub-command."""
     parser = subparsers.add_parser(
-        "eval", help="held-out solve rate and mean reward of the recipe's policy (or --model)",
+        "eval", help="pass@k / solve rate with 95%% intervals of the recipe's policy; --compare A B: paired test",
         description="Sample the recipe's policy on its eval source (data.eval_source, or held-out problems of "
-                    "data.source) with the recipe's rewards; defaults match the evaluation `rltt train` logs.")
-    parser.add_argument("recipe", metavar="RECIPE.yaml", help="train recipe: policy, sampling, rewards, data")
+                    "data.source) with the recipe's rewards; defaults match the evaluation `rltt train` logs. "
+                    "With --samples K it reports pass@1 ... pass@K (unbiased estimator) and mean@K, each with "
+                    "a bootstrap standard error and 95 % interval over problems. --compare A B compares two "
+                    "results (files written by --out, run directories holding eval.json, or several of them "
+                    "joined by commas / a glob, pooled as runs) on their common problems.")
+    parser.add_argument("recipe", nargs="?", metavar="RECIPE.yaml",
+                        help="train recipe: policy, sampling, rewards, data")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     parser.add_argument("--model", default=None, metavar="PATH",
                         help="checkpoint to evaluate, e.g. RUN_DIR/checkpoints/step-0000020 (default: model.path)")
     parser.add_argument("--samples", type=int, default=None, metavar="K",
-                        help="completions per prompt (default: train.eval_samples)")
+                        help="completions per prompt; reports pass@1 ... pass@K (default: train.eval_samples)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling temperature, 0 = greedy (default: train.eval_temperature)")
     parser.add_argument("--source", default=None, metavar="DATA", help="eval data (default: data.eval_source)")
     parser.add_argument("--split", default=None, help="eval split (default: data.eval_split)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="prompts (default: data.eval_size)")
-    parser.add_argument("--out", default=None, metavar="JSON", help="also write the result (with per-prompt rates)")
+    parser.add_argument("--out", default=None, metavar="JSON",
+                        help="also write the result object (summary and per-problem counts), e.g. RUN_DIR/eval.json")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
+    parser.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"),
+                        help="paired difference A - B of two results (no recipe): each a result file, a run "
+                             "directory with eval.json, or several joined by commas or a quoted glob (pooled runs)")
+    parser.add_argument("--pool", default=None, metavar="A",
+                        help="the pooled summary of several results of one configuration (no recipe)")
+    parser.add_argument("--bootstrap", type=int, default=None, metavar="B", help="bootstrap replicates (default 2000)")
+    parser.add_argument("--stats-seed", type=int, default=0, metavar="S", help="seed of the bootstrap and permutations")
+    parser.add_argument("--test", default="auto", choices=("auto", "problems", "runs"),
+                        help="--compare p-value: sign flips over problems, permutation of runs, or auto "
+                             "(runs when both sides have >= 2 runs)")
+    parser.add_argument("--permutations", type=int, default=None, metavar="R",
+                        help="--compare: random sign flips / relabellings when not enumerated (default 10000)")
     parser.set_defaults(func=run)
 
 
+def _emit(obj: dict, lines: list[str], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj) + "\n")
+    else:
+        print("\n".join(lines))
+
+
+def _stats_args(args: argparse.Namespace) -> tuple[int, int]:
+    from rltt.evaluation.compare import DEFAULT_PERMUTATIONS
+    from rltt.evaluation.intervals import DEFAULT_REPS
+
+    reps = DEFAULT_REPS if args.bootstrap is None else args.bootstrap
+    permutations = DEFAULT_PERMUTATIONS if args.permutations is None else args.permutations
+    if reps < 2:
+        raise RlttError(f"--bootstrap: must be >= 2, got {reps}")
+    if permutations < 1:
+        raise RlttError(f"--permutations: must be >= 1, got {permutations}")
+    return reps, permutations
+
+
 def run(args: argparse.Namespace) -> int:
+    reps, permutations = _stats_args(args)
+    if args.compare or args.pool:
+        return _run_results(args, reps, permutations)
+    if not args.recipe:
+        raise RlttError("give a RECIPE.yaml to evaluate, or --compare A B / --pool A to read results")
+    return _run_recipe(args, reps)
+
+
+def _run_results(args: argparse.Namespace, reps: int, permutations: int) -> int:
+    from rltt.evaluation.results import compare_lines, compare_object, pool_object, summary_lines
+
+    if args.compare and args.pool:
+        raise RlttError("--compare and --pool: give one of them")
+    if args.recipe or args.overrides:
+        raise RlttError("--compare / --pool read results and take no recipe")
+    if args.compare:
+        obj = compare_object(args.compare[0], args.compare[1], reps, args.stats_seed, args.test, permutations)
+        _emit(obj, compare_lines(obj), args.json)
+    else:
+        obj = pool_object(args.pool, reps, args.stats_seed)
+        info = obj["bootstrap"]
+        _emit(obj, [f"{info['runs']} run(s) pooled on {info['problems']} common problems: {', '.join(obj['files'])}",
+                    *summary_lines(obj["summary"])], args.json)
+    return 0
+
+
+def _run_recipe(args: argparse.Namespace, reps: int) -> int:
     from rltt.curation.recipes import evaluate_recipe
+    from rltt.evaluation.results import ProblemCounts, result_object, summary_lines
     from rltt.orchestration.train_recipe import load_train_recipe
 
-    recipe = load_train_recipe(args.recipe, args.overrides)
-    report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit, source=args.source,
-                             temperature=args.temperature, recipe_root=Path(args.recipe).resolve().parent,
-                             model=args.model)
-    print(report.summary())
+    # --json: stdout carries the one JSON object; what loading prints (library banners) goes to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        recipe = load_train_recipe(args.recipe, args.overrides)
+        report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit,
+                                 source=args.source, temperature=args.temperature,
+                                 recipe_root=Path(args.recipe).resolve().parent, model=args.model)
+    base = report.to_dict()
+    counts = ProblemCounts.from_rates(base["per_task"], report.samples, report.model)
+    meta = {**base, "seed": recipe.seed, "engine": recipe.rollout.engine, "schedule": recipe.rollout.schedule,
+            "exit_policy": recipe.rollout.exit_policy}
+    obj = result_object(meta, counts, reps, args.stats_seed)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        print(f"written: {out}")
+        out.write_text(json.dumps(obj, indent=1) + "\n")
+    lines = [report.summary(), *summary_lines(obj["summary"])]
+    if args.out:
+        lines.append(f"written: {args.out}")
+    _emit(obj, lines, args.json)
     return 0

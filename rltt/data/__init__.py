@@ -4,6 +4,8 @@ Submodules (imported on use, so ``import rltt.data`` stays light):
 
 - ``rltt.data.synthetic``: generated word problems with a difficulty knob;
 - ``rltt.data.gsm8k``: GSM8K loaders, answer extraction, prompt template;
+- ``rltt.data.math_sets``: the MATH / MATH-500 and AIME layouts (``\\boxed{}`` answers), read by the
+  same loaders;
 - ``rltt.data.tokenizer``: train a small BPE or char tokenizer locally;
 - ``rltt.data.text``: document sources and resumable block packing for pretraining;
 - ``rltt.data.rewards``: reward functions from spec strings and ``RewardRunner``.

@@ -12,11 +12,14 @@ import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from rltt.data import math_sets
 from rltt.errors import RlttError
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
 HUB_ID = "openai/gsm8k"
 HUB_CONFIG = "main"
+HUB_CONFIGS: dict[str, str] = {HUB_ID: HUB_CONFIG}
+"""Hub sets that load a named config; any other hub id (MATH-500, AIME sets, …) loads its default."""
 
 # A number as written in GSM8K answers and model completions: optional sign and "$",
 # thousands separators, decimals ("-$1,234.50", "$-3", ".5").
@@ -86,6 +89,8 @@ def format_prompt(question: str, template: str = DEFAULT_TEMPLATE) -> str:
 def _check_record(record: object, where: str) -> dict:
     if not isinstance(record, dict):
         raise RlttError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "question" not in record:  # a MATH / MATH-500 / AIME layout (`rltt.data.math_sets.LAYOUTS`)?
+        record = math_sets.to_record(record, where) or record
     for key in ("question", "answer"):
         if not isinstance(record.get(key), str):
             raise RlttError(f"{where}: missing or non-string field '{key}'")
@@ -131,7 +136,7 @@ def load_parquet(path: str | Path, limit: int | None = None) -> list[dict]:
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise RlttError(f"{path}: not a readable Parquet file ({exc})") from None
     missing = {"question", "answer"} - set(table.column_names)
-    if missing:
+    if missing and not math_sets.QUESTION_FIELDS & set(table.column_names):  # MATH-style: checked per row
         raise RlttError(f"{path}: missing column(s) {sorted(missing)} (has {table.column_names})")
     if limit is not None:
         table = table.slice(0, limit)
@@ -144,8 +149,11 @@ def load_parquet(path: str | Path, limit: int | None = None) -> list[dict]:
     return records
 
 
-def load_hub(name: str = HUB_ID, split: str = "train", config: str = HUB_CONFIG, limit: int | None = None) -> list[dict]:
-    """GSM8K records through ``datasets.load_dataset(name, config, split=split)``."""
+def load_hub(name: str = HUB_ID, split: str = "train", config: str | None = None,
+             limit: int | None = None) -> list[dict]:
+    """GSM8K (or MATH-style) records through ``datasets.load_dataset(name, config, split=split)``;
+    ``config`` None: the set's entry in `HUB_CONFIGS`, else its default config."""
+    config = config if config is not None else HUB_CONFIGS.get(name)
     try:
         import datasets
     except ImportError:
@@ -177,8 +185,9 @@ def _looks_like_hub_id(source: str) -> bool:
     )
 
 
-def load_gsm8k(source: str | Path, split: str = "train", limit: int | None = None, config: str = HUB_CONFIG) -> list[dict]:
-    """GSM8K records from a file, a directory, or a hub id.
+def load_gsm8k(source: str | Path, split: str = "train", limit: int | None = None,
+               config: str | None = None) -> list[dict]:
+    """GSM8K records from a file, a directory, or a hub id (MATH-style layouts too: `rltt.data.math_sets`).
 
     - a ``.jsonl``/``.json`` or ``.parquet`` file: that file (``split`` is ignored);
     - a directory: ``{split}.jsonl``, ``{split}.parquet`` or ``{split}-*.parquet`` inside it

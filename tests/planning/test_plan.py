@@ -34,9 +34,9 @@ def test_gsm8k_ouro_at_80_gib_needs_checkpointing_or_smaller_micro_batches():
 
 
 def test_shipped_gpu_recipes_fit_one_80_gb_gpu_by_their_own_plan():
-    """recipes/gsm8k.yaml and gsm8k-thinking.yaml as shipped, on 80·10^9 bytes (74.5 GiB: the
-    strictest reading of "80 GB"); bench/RESULTS.md records the plans."""
-    for name in ("gsm8k.yaml", "gsm8k-thinking.yaml"):
+    """recipes/gsm8k.yaml, gsm8k-thinking.yaml and rltt-math.yaml as shipped, on 80·10^9 bytes
+    (74.5 GiB: the strictest reading of "80 GB"); bench/RESULTS.md records the gsm8k plans."""
+    for name in ("gsm8k.yaml", "gsm8k-thinking.yaml", "rltt-math.yaml"):
         recipe = load_train_recipe(RECIPES / name, ["model.path=quickstart"])
         plan = plan_run(recipe, OURO_1_4B, 80 * 10**9, device="cuda")
         assert plan.fits and plan.problem is None, (name, plan.phases)
