@@ -7,7 +7,7 @@ default ``runs/bench-scale``):
     python bench/scale.py measure --smoke --out /tmp/scale    # tiny sizes (tests/bench/test_scale.py)
     python bench/scale.py report             # (a)'s tables from every configuration measured into --out
     python bench/scale.py full-shape         # (b) Ouro-1.4B's shape: bf16 rollouts + scoring; one fp32 step
-    python bench/scale.py recipes            # (c) the plans of recipes/gsm8k*.yaml on 80 GB and 141 GB GPUs
+    python bench/scale.py recipes            # (c) the plans of the GPU recipes on 80 GB and 141 GB GPUs
 
 **(a) measure.** Random looped models (T = 4, Ouro-style sandwich norms, no injection; a char
 tokenizer trained locally; the model's vocabulary is larger than the tokenizer's, ids beyond it
@@ -46,7 +46,8 @@ learner update, weight sync; the second step measured as in (a)) at full width a
 with ``--update-layers`` layers in fp32 (bf16 matmul backward on an AVX2 CPU is ~30× slower than
 fp32) — ``auto``: the most layers whose plan fits half the memory available.
 
-**(c) recipes.** The plans of ``recipes/gsm8k.yaml`` and ``recipes/gsm8k-thinking.yaml`` with a
+**(c) recipes.** The plans of ``recipes/gsm8k.yaml``, ``recipes/gsm8k-thinking.yaml`` and
+``recipes/rltt-math.yaml`` with a
 config-only Ouro-1.4B folder (what ``rltt plan RECIPE model.path=DIR --gpu-memory GiB`` prints).
 ``--gpu-memory`` is in GiB (2^30 bytes): an "80 GB" card is planned at 74.5 GiB (80·10^9 bytes,
 the strictest reading; an 80 GB A100 or H100 reports about 79 GiB to CUDA) and the "141 GB" H200 at 131.3 GiB
@@ -759,7 +760,7 @@ def run_worker_cmd(command: str, argv: list[str], log: Path) -> None:
 
 
 # -- (c) the GPU recipes' plans --------------------------------------------------------------------------------
-RECIPES = ("recipes/gsm8k.yaml", "recipes/gsm8k-thinking.yaml")
+RECIPES = ("recipes/gsm8k.yaml", "recipes/gsm8k-thinking.yaml", "recipes/rltt-math.yaml")
 
 
 def recipe_plans(args) -> int:
@@ -830,7 +831,7 @@ def parse_args(argv=None):
     f.add_argument("--threads", type=int, default=2)
     f.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
     f.set_defaults(func=full_shape)
-    c = sub.add_parser("recipes", help="(c) plans of recipes/gsm8k*.yaml on one GPU of each size")
+    c = sub.add_parser("recipes", help="(c) plans of the GPU recipes on one GPU of each size")
     c.add_argument("--gpu-memory", default="74.5,131.3", help="GiB per GPU, comma-separated (default: 80 GB and "
                                                              "141 GB as 10^9 bytes)")
     c.add_argument("--out", default=str(ROOT / "runs" / "bench-scale"))
