@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from rltt.data.chains import ChainDifficulty, ChainProblem, chain_presets
 from rltt.errors import RlttError
 
 OPS = ("add", "sub", "mul", "div")
@@ -85,6 +86,10 @@ class Difficulty:
             # without both a chain can dead-end (1 cannot shrink, max_value cannot grow).
             raise RlttError("synthetic difficulty: ops must include 'add' and 'sub'")
 
+    def problem(self, index: int, seed: int = 0) -> "SyntheticProblem":
+        """Problem number ``index`` of the stream for ``seed``."""
+        return arithmetic_problem(index, self, seed)
+
     @property
     def op_range(self) -> tuple[int, int]:
         """Inclusive (min, max) number of operations per problem."""
@@ -104,9 +109,16 @@ DIFFICULTY_PRESETS: dict[str, Difficulty] = {
 }
 
 
-def resolve_difficulty(difficulty: str | Difficulty | Mapping) -> Difficulty:
-    """A ``Difficulty`` from a preset name, a ``Difficulty``, or a mapping of its fields."""
-    if isinstance(difficulty, Difficulty):
+DIFFICULTY_PRESETS.update(chain_presets())  # the depth-hungry lookups of rltt.data.chains
+
+#: a mapping's ``task`` → the difficulty class it builds (default: the arithmetic problems)
+TASKS = {"arithmetic": Difficulty, "chains": ChainDifficulty}
+
+
+def resolve_difficulty(difficulty: str | Difficulty | ChainDifficulty | Mapping) -> Difficulty | ChainDifficulty:
+    """A difficulty from a preset name, a difficulty, or a mapping of its fields (``task:
+    chains`` for `rltt.data.chains.ChainDifficulty`)."""
+    if isinstance(difficulty, tuple(TASKS.values())):
         return difficulty
     if isinstance(difficulty, str):
         try:
@@ -120,10 +132,14 @@ def resolve_difficulty(difficulty: str | Difficulty | Mapping) -> Difficulty:
         if "preset" in fields:  # a preset with some fields overridden
             base = asdict(resolve_difficulty(fields.pop("preset")))
             fields = {**base, **fields}
-        unknown = set(fields) - set(Difficulty.__dataclass_fields__)
+        task = fields.pop("task", "arithmetic")
+        if task not in TASKS:
+            raise RlttError(f"synthetic difficulty: unknown task {task!r} (tasks: {', '.join(TASKS)})")
+        cls = TASKS[task]
+        unknown = set(fields) - set(cls.__dataclass_fields__)
         if unknown:
             raise RlttError(f"synthetic difficulty: unknown field(s) {sorted(unknown)}")
-        return Difficulty(**fields)
+        return cls(**fields)
     raise RlttError(f"synthetic difficulty must be a preset name or a mapping, got {type(difficulty).__name__}")
 
 
@@ -201,9 +217,14 @@ def _problem_rng(seed: int, index: int) -> random.Random:
     return random.Random(f"rltt-synthetic:{seed}:{index}")
 
 
-def generate_problem(index: int, difficulty: str | Difficulty | Mapping = "quickstart", seed: int = 0) -> SyntheticProblem:
+def generate_problem(index: int, difficulty: str | Difficulty | ChainDifficulty | Mapping = "quickstart",
+                     seed: int = 0) -> SyntheticProblem | ChainProblem:
     """Problem number ``index`` of the stream for ``seed`` (depends on nothing else)."""
-    diff = resolve_difficulty(difficulty)
+    return resolve_difficulty(difficulty).problem(index, seed)
+
+
+def arithmetic_problem(index: int, diff: Difficulty, seed: int = 0) -> SyntheticProblem:
+    """The word problem number ``index`` of ``diff``'s stream for ``seed``."""
     rng = _problem_rng(seed, index)
     (name, pronoun), (other, _) = rng.sample(PEOPLE, 2)
     item = rng.choice(ITEMS)
