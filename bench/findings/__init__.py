@@ -1,6 +1,6 @@
-"""RL findings at small scale: solve-rate band, learning rate, dense twin, per-loop credit.
+"""RL findings at small scale: solve-rate band, learning rate, dense twin, per-loop credit, depth.
 
-Tests four findings reported for RL on looped models (the "Reported" lines below: figures
+Tests five findings reported for RL on looped models (the "Reported" lines below: figures
 from other runs, not measured here; bench/RESULTS.md says which hold at this scale) with real
 ``rltt curate`` / ``rltt train`` / ``rltt pretrain`` runs of the shipped recipes
 (``recipes/quickstart.yaml``, ``recipes/pretrain-tiny.yaml``) on the quickstart model and the
@@ -21,8 +21,13 @@ synthetic task:
    progressive) at equal steps and seeds, with sampled exits (``rollout.exit_policy=sample``;
    under the quickstart's own ``final`` exits, exit and final are the same log-prob): held-out
    gain and exit distribution after RL. Reported: RLTT's credit beats final-loop GRPO.
+5. **Depth**: the dense twin again, on a depth-hungry task: ``recipes/pretrain-tiny.yaml`` on
+   the multi-hop lookups of ``synthetic:chains`` (the answer alone: every hop is resolved inside
+   the forward pass) at T = 4 and T = 1, then equal RL steps; held-out pass@1 per hop count
+   after each stage, T = 4 − T = 1 paired over the same problems with intervals and p-values.
+   Reported: a looped model beats a parameter-matched dense one where depth is needed.
 
-    python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit]
+    python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit,depth]
     rltt bench findings --smoke --out /tmp/findings
 
 Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes
@@ -36,7 +41,7 @@ few minutes. ``--resume`` continues an interrupted run; ``--report-only`` rebuil
 ``--retrain-t4`` runs that pretraining again.
 
 Layout: `runner` (the scale of each arm, the arms and their scheduler), `metrics` (reading the
-runs), a module per finding (`band`, `lr`, `dense`, `credit`: its arms and its results), `plots`,
+runs), a module per finding (`band`, `lr`, `dense`, `credit`, `depth`: its arms and its results), `plots`,
 `report` (the Markdown) and `cli` (the flags and the outputs); ``__main__`` runs `cli.main`.
 """
 

@@ -17,13 +17,14 @@ from . import __doc__ as package_doc
 from .band import band_arms, band_results
 from .credit import credit_arms, credit_results
 from .dense import dense_arms, dense_results
+from .depth import depth_arms, depth_results
 from .lr import lr_arms, lr_results
 from .metrics import read_records
-from .plots import plot_band, plot_credit, plot_dense, plot_lr
-from .report import header, md_band, md_credit, md_dense, md_lr
+from .plots import plot_band, plot_credit, plot_dense, plot_depth, plot_lr
+from .report import header, md_band, md_credit, md_dense, md_depth, md_lr
 from .runner import FULL, ROOT, SMOKE, Arm, Scale, rel, run_arms
 
-FINDINGS = ("band", "lr", "dense", "credit")
+FINDINGS = ("band", "lr", "dense", "credit", "depth")
 #: how the report names this command
 COMMAND = "python bench/findings"
 
@@ -36,6 +37,9 @@ def finished(arm: Arm) -> bool:
         return (kept if kept.is_absolute() else ROOT / kept).is_file()
     if arm.argv[0] == "pretrain":
         return (arm.run_dir / "summary.json").is_file()
+    if arm.argv[0] == "eval":
+        written = Path(arm.argv[arm.argv.index("--out") + 1])
+        return (written if written.is_absolute() else ROOT / written).is_file()
     if not (arm.run_dir / "metrics.jsonl").is_file():
         return False
     steps = int(next(a for a in arm.argv if a.startswith("train.steps=")).partition("=")[2])
@@ -70,6 +74,8 @@ def build_arms(out: Path, scale: Scale, only: tuple[str, ...], retrain_t4: bool,
         arms.update(dense_arms(out, scale, retrain_t4, t4_info))
     if "credit" in only:
         arms.update(credit_arms(out, scale))
+    if "depth" in only:
+        arms.update(depth_arms(out, scale))
     return arms
 
 
@@ -81,7 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(FINDINGS), help=f"findings to run (default {','.join(FINDINGS)})")
     parser.add_argument("--seeds", type=int, default=None, help="seeds of the band arms")
     parser.add_argument("--credit-seeds", type=int, default=None, help="seeds of the per-loop credit arms")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense and credit arms")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense, credit and depth arms")
+    parser.add_argument("--depth-seeds", type=int, default=None, help="RL seeds of the depth arms")
+    parser.add_argument("--depth-pretrain-steps", type=int, default=None, help="pretraining steps of the depth arms")
     parser.add_argument("--lr-steps", type=int, default=None, help="RL steps of the learning-rate arms")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems per evaluation")
     parser.add_argument("--retrain-t4", action="store_true",
@@ -108,7 +116,8 @@ def scale_of(args: argparse.Namespace) -> Scale:
     """FULL or SMOKE with the size flags the command line gave."""
     scale = SMOKE if args.smoke else FULL
     for key, value in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds), ("rl_steps", args.steps),
-                       ("lr_steps", args.lr_steps), ("eval_size", args.eval_size)):
+                       ("lr_steps", args.lr_steps), ("eval_size", args.eval_size), ("depth_seeds", args.depth_seeds),
+                       ("depth_pretrain_steps", args.depth_pretrain_steps)):
         if value is not None:
             if value < 1:
                 raise SystemExit(f"findings: --{key.replace('_', '-')} must be >= 1")
@@ -126,7 +135,7 @@ def execute(arms: dict[str, Arm], out: Path, args: argparse.Namespace) -> float:
         mark_finished(arms, report_only=False)
         run_arms(arms, out / "logs", args.jobs)
     else:
-        for sub in ("runs", "band", "logs"):
+        for sub in ("runs", "band", "logs", "depth"):
             shutil.rmtree(out / sub, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         run_arms(arms, out / "logs", args.jobs)
@@ -142,7 +151,9 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
              *([f"--only {','.join(args.only)}"] if args.only != FINDINGS else []),
              *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds),
                                                           ("steps", args.steps),
-                                                          ("lr_steps", args.lr_steps), ("eval_size", args.eval_size))
+                                                          ("lr_steps", args.lr_steps), ("eval_size", args.eval_size),
+                                                          ("depth_seeds", args.depth_seeds),
+                                                          ("depth_pretrain_steps", args.depth_pretrain_steps))
                if v is not None),
              *([f"--jobs {args.jobs}"] if args.jobs != 2 else []), *(["--retrain-t4"] if args.retrain_t4 else [])]
     return COMMAND + " " + " ".join(flags)
@@ -160,7 +171,8 @@ def run(args: argparse.Namespace) -> dict:
     builders = {"band": (lambda: band_results(out, arms, scale), plot_band, md_band),
                 "lr": (lambda: lr_results(arms, scale), plot_lr, md_lr),
                 "dense": (lambda: dense_results(arms, scale, t4_info), plot_dense, md_dense),
-                "credit": (lambda: credit_results(arms, scale), plot_credit, md_credit)}
+                "credit": (lambda: credit_results(arms, scale), plot_credit, md_credit),
+                "depth": (lambda: depth_results(out, arms, scale), plot_depth, md_depth)}
     sections = []
     fig_dir = Path(args.figures).resolve() if args.figures else None
     for name in args.only:

@@ -142,3 +142,23 @@ def plot_credit(res: dict, path: Path) -> None:
     axes[2].set(title="mean exit step of the rollouts", xlabel="RL step")
     axes[2].legend(fontsize=6)
     _save(fig, path)
+
+
+def plot_depth(res: dict, path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, stage, title in ((axes[0], "pre", "after pretraining"), (axes[1], "rl", "after RL")):
+        for i, name in enumerate((f"T{T}", "T1")):
+            xs, ys, lo, hi = [], [], [], []
+            for hops in res["hops"]:
+                est = (res["stages"][stage].get(hops) or res["stages"][stage].get(str(hops), {})).get(name)
+                if est:
+                    xs.append(hops)
+                    ys.append(est["mean"])
+                    lo.append(est["mean"] - est["ci95"][0])
+                    hi.append(est["ci95"][1] - est["mean"])
+            if xs:
+                ax.errorbar(xs, ys, yerr=[lo, hi], color=f"C{i}", marker="o", capsize=3, label=name)
+        ax.set(title=f"held-out pass@1 by hops, {title}", xlabel="hops", ylim=(0, 1))
+        ax.legend()
+    _save(fig, path)

@@ -142,3 +142,47 @@ def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
         table(["policy_logprob", "held-out start → end", "held-out gain, points",
                "rollout exit p_1..p_4: first step → last 10 % of steps", "held-out mean exit step", "step s"], rows),
         "\n".join(f"- {v}." for v in verdicts), f"![per-loop credit]({fig})", "Commands:", commands(arms, "credit-"))
+
+
+def _pass1_cell(est: dict | None) -> str:
+    if not est:
+        return "not run"
+    lo, hi = est["ci95"]
+    return f"{est['mean']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _diff_cell(diff: dict | None) -> str:
+    if not diff:
+        return "–"
+    if "error" in diff:
+        return diff["error"]
+    lo, hi = diff["ci95"]
+    return f"{pts(diff['mean'])} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {diff['p_value']:.3g}"
+
+
+def md_depth(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    rows = []
+    for stage, label in (("pre", "after pretraining"), ("rl", f"after {scale.rl_steps} RL steps")):
+        for hops in res["hops"]:
+            row = res["stages"][stage].get(hops) or res["stages"][stage].get(str(hops), {})
+            rows.append([label, str(hops), _pass1_cell(row.get(f"T{T}")), _pass1_cell(row.get("T1")),
+                         _diff_cell(row.get("difference"))])
+    pre_rows = []
+    for name in (f"T{T}", "T1"):
+        pre = res["pretrain"].get(name) or {}
+        per_loop = ", ".join(fmt(v) for v in pre.get("lm_loss_per_loop", []) if v is not None)
+        pre_rows.append([name, fmt(pre.get("lm_loss", NAN)), per_loop or "–", fmt(pre.get("solve_rate", NAN)),
+                         fmt(pre.get("train_seconds", NAN), ".0f")])
+    return paragraphs(
+        "### 5. Depth: the dense twin on multi-hop lookups",
+        f"`{PRETRAIN_RECIPE}` on `synthetic:chains` (`rltt.data.chains`: 1–4 lookups among distractor chains, "
+        f"the answer alone, so every hop is resolved inside the forward pass) with `model.config.num_loops` = {T} "
+        f"and = 1 (the same block and data, {scale.depth_pretrain_steps} steps), then {scale.rl_steps} RL steps of "
+        f"the quickstart recipe on the same task from each ({scale.depth_seeds} seed(s)). Each model is evaluated "
+        f"on {scale.depth_eval_size} held-out problems of 1–4 hops × {scale.eval_samples} samples (`rltt eval "
+        f"--out`), split by hop count; pass@1 with its 95 % bootstrap interval, and T = {T} − T = 1 paired over "
+        "the same problems (`rltt.evaluation`: interval and p-value; RL seeds pooled).",
+        table(["model", "held-out LM loss (Σ p_t L_t)", "per-loop LM loss L_1..L_T", "pretrain eval solve rate",
+               "pretrain s"], pre_rows),
+        table(["stage", "hops", f"T = {T} pass@1 [95 %]", "T = 1 pass@1 [95 %]", f"T = {T} − T = 1, points"], rows),
+        f"![depth]({fig})", "Commands:", commands(arms, "depth-"))

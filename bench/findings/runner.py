@@ -35,6 +35,9 @@ class Scale:
     eval_samples: int  # ... x samples each
     pool_per_preset: int  # band pool: prompts per difficulty preset
     curate_samples: int  # completions per prompt when curating
+    depth_seeds: int = 1  # RL seeds per arm of the depth finding
+    depth_pretrain_steps: int = 350  # pretraining steps of the depth finding's two arms
+    depth_eval_size: int = 512  # held-out problems of every hop count together (about a quarter each)
     pretrain: tuple[str, ...] = ()  # overrides of both pretraining arms
     reuse_t4: bool = True  # the T = 4 arm is the cached quickstart model
 
@@ -47,7 +50,7 @@ class Scale:
 FULL = Scale(seeds=1, credit_seeds=2, rl_steps=40, lr_steps=40, lr_seeds=1, dense_seeds=1, eval_size=256, eval_samples=2,
              pool_per_preset=128, curate_samples=16)
 SMOKE = Scale(seeds=1, credit_seeds=1, rl_steps=3, lr_steps=3, lr_seeds=1, dense_seeds=1, eval_size=8, eval_samples=1,
-              pool_per_preset=8, curate_samples=4, reuse_t4=False,
+              pool_per_preset=8, curate_samples=4, reuse_t4=False, depth_pretrain_steps=4, depth_eval_size=8,
               pretrain=("train.steps=4", "train.batch_size=4", "eval.every=4", "eval.loss_batches=1",
                         "eval.solve_problems=4", "eval.max_new_tokens=16", "data.held_out_docs=8",
                         "tokenizer.train_docs=200", "checkpoint.every=0", "logging.every=1"))

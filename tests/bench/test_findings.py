@@ -64,18 +64,28 @@ def test_smoke_mode_runs_every_arm_and_writes_every_output(tmp_path):
     check_smoke_outputs(bench, out)
 
 
+def bench_depth_hops(problem_id: str) -> int:
+    """The hops of held-out problem ``chains-SEED-INDEX``, from the generator itself."""
+    from rltt.data.chains import ChainDifficulty
+
+    _, seed, index = problem_id.rsplit("-", 2)
+    return ChainDifficulty(hops=4, min_hops=1).problem(int(index), int(seed)).hops
+
+
 def check_smoke_outputs(bench, out: Path) -> None:
     report = json.loads((out / "findings.json").read_text())
     arms = report["arms"]
     expected = {"band-pool", "band-curate-low", "band-curate-mixed", "band-curate-high",
                 *(f"band-{b}-s0" for b in bench.BANDS), *(f"lr-{lr:.0e}-s0" for lr in bench.LRS),
                 "dense-pretrain-T4", "dense-pretrain-T1", "dense-rl-T4-s0", "dense-rl-T1-s0",
-                *(f"credit-{k}-s0" for k in bench.CREDIT)}
+                *(f"credit-{k}-s0" for k in bench.CREDIT),
+                *(f"depth-{a}-T{t}" for a in ("pretrain", "eval-pre") for t in (4, 1)),
+                *(f"depth-{a}-T{t}-s0" for a in ("rl", "eval-rl") for t in (4, 1))}
     assert set(arms) == expected
     assert all(a["status"] == "done" for a in arms.values()), {n: a["error"] for n, a in arms.items() if a["error"]}
     steps = bench.SMOKE.rl_steps
     for name, arm in arms.items():
-        if name.startswith(("band-low", "band-mixed", "band-high", "lr-", "dense-rl", "credit-")):
+        if name.startswith(("band-low", "band-mixed", "band-high", "lr-", "dense-rl", "credit-", "depth-rl")):
             records = [json.loads(line) for line in (Path(arm["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in records] == list(range(steps + 1)), name
             assert "eval/solve_rate" in records[0] and "eval/solve_rate" in records[-1], name
@@ -90,12 +100,27 @@ def check_smoke_outputs(bench, out: Path) -> None:
     for loops in ("T4", "T1"):
         assert res["dense"][loops]["pretrain"]["lm_loss"] > 0 and res["dense"][loops]["seeds"] == 1
     assert all(res["credit"][k]["seeds"] == 1 for k in bench.CREDIT)
+    # depth: every model's held-out eval split by hop count (each problem's hops regenerated from its id)
+    depth = res["depth"]
+    for stage in ("pre", "rl"):
+        rows = {int(h): r for h, r in depth["stages"][stage].items()}
+        counted = 0
+        for hops, row in rows.items():
+            if not row:  # no problem of this hop count among the smoke's few
+                continue
+            assert {"T4", "T1", "difference"} <= set(row), (stage, hops)
+            assert 0.0 <= row["T4"]["mean"] <= 1.0 and "p_value" in row["difference"]
+            split = json.loads((out / "depth" / f"{stage}-T4{'-s0' if stage == 'rl' else ''}-h{hops}.json").read_text())
+            assert all(bench_depth_hops(p["id"]) == hops for p in split["problems"])
+            counted += len(split["problems"])
+        assert counted == bench.SMOKE.depth_eval_size
     for name in bench.FINDINGS:
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 100_000, name
     md = (out / "findings.md").read_text()
     assert md.startswith(bench.SECTION)
-    for title in ("### 1. Solve-rate band", "### 2. Learning rate", "### 3. Dense twin", "### 4. Per-loop credit"):
+    for title in ("### 1. Solve-rate band", "### 2. Learning rate", "### 3. Dense twin", "### 4. Per-loop credit",
+                  "### 5. Depth"):
         assert title in md
     for name in bench.FINDINGS:
         assert f"({name}.png)" in md

@@ -1,0 +1,123 @@
+"""Finding 5, depth: the dense twin again on a depth-hungry task. ``recipes/pretrain-tiny.yaml``
+on the multi-hop lookups of `rltt.data.chains` (``synthetic:chains``: 1–4 hops, answer only) at
+T = 4 and at T = 1 (the same block and data), then equal RL steps of the quickstart recipe on the
+same task from each; every model (after pretraining, after RL) is evaluated on held-out problems
+of each hop count with ``rltt eval --out``, and T = 4 is compared with T = 1 per hop count with
+`rltt.evaluation` (paired over the same problems: difference, 95 % interval, p-value)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .metrics import read_records, series
+from .runner import Arm, Scale, T, rel, train_argv
+
+PRETRAIN_RECIPE = "recipes/pretrain-tiny.yaml"
+RL_RECIPE = "recipes/quickstart.yaml"
+SOURCE = "synthetic:chains"
+HOPS = (1, 2, 3, 4)
+
+
+def eval_file(out: Path, model: str, hops: int | None = None) -> Path:
+    """``rltt eval --out`` of ``model`` (mixed hop counts), or its problems of ``hops`` hops."""
+    return out / "depth" / (f"{model}.json" if hops is None else f"{model}-h{hops}.json")
+
+
+def eval_arm(out: Path, scale: Scale, model: str, checkpoint: Path, dep: str) -> Arm:
+    """``rltt eval`` of ``checkpoint`` on held-out ``synthetic:chains`` problems (every hop count)."""
+    argv = ["eval", RL_RECIPE, f"data.source={SOURCE}", "--model", rel(checkpoint), "--source", SOURCE,
+            "--limit", str(scale.depth_eval_size), "--samples", str(scale.eval_samples),
+            "--out", rel(eval_file(out, model))]
+    return Arm(f"depth-eval-{model}", argv, deps=(dep,), cost=0.5)
+
+
+def hops_of(problem_id: str) -> int:
+    """The hop count of held-out problem ``chains-SEED-INDEX`` of `SOURCE` (regenerated)."""
+    from rltt.data.synthetic import resolve_difficulty
+
+    _, seed, index = problem_id.rsplit("-", 2)
+    return resolve_difficulty(SOURCE.partition(":")[2]).problem(int(index), int(seed)).hops
+
+
+def split_by_hops(path: Path) -> dict[int, Path]:
+    """Write the problems of an eval result with each hop count to their own result file."""
+    obj = json.loads(path.read_text())
+    files = {}
+    for hops in HOPS:
+        rows = [r for r in obj["problems"] if hops_of(r["id"]) == hops]
+        if rows:
+            files[hops] = path.with_name(f"{path.stem}-h{hops}.json")
+            files[hops].write_text(json.dumps({"format": obj.get("format"), "problems": rows}))
+    return files
+
+
+def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
+    arms: dict[str, Arm] = {}
+    (out / "depth").mkdir(parents=True, exist_ok=True)
+    for loops in (T, 1):
+        pre = f"depth-pretrain-T{loops}"
+        run = out / "runs" / pre
+        arms[pre] = Arm(pre, ["pretrain", PRETRAIN_RECIPE, f"data.source={SOURCE}", f"model.config.num_loops={loops}",
+                              f"train.steps={scale.depth_pretrain_steps}", f"logging.run_dir={rel(run)}",
+                              "logging.progress=false", *scale.pretrain],
+                        cost=(10.0 if loops == T else 3.0) if not scale.pretrain else 1.0, run_dir=run)
+        arm = eval_arm(out, scale, f"pre-T{loops}", run / "final", pre)
+        arms[arm.name] = arm
+        for seed in range(scale.depth_seeds):
+            rl = f"depth-rl-T{loops}-s{seed}"
+            rl_run = out / "runs" / rl
+            argv = train_argv(scale, rl_run, seed, scale.rl_steps, [f"model.path={rel(run / 'final')}",
+                                                                     f"data.source={SOURCE}"])
+            argv.append("checkpoint.save_final=true")  # the evaluations read the final checkpoint
+            arms[rl] = Arm(rl, argv, deps=(pre,), cost=scale.rl_steps / 60 * (4 if loops == T else 2), run_dir=rl_run)
+            final = rl_run / "checkpoints" / f"step-{scale.rl_steps:07d}"
+            arm = eval_arm(out, scale, f"rl-T{loops}-s{seed}", final, rl)
+            arms[arm.name] = arm
+    return arms
+
+
+def _pretrain(run_dir: Path) -> dict:
+    if not (run_dir / "summary.json").is_file():
+        return {}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ev = summary.get("eval", {})
+    steps, loss = series(read_records(run_dir), "lm/loss")
+    return {"lm_loss": ev.get("eval/lm_loss"),
+            "lm_loss_per_loop": [ev.get(f"eval/lm_loss_step_{t}") for t in range(1, T + 1)],
+            "solve_rate": ev.get("eval/solve_rate"), "train_seconds": summary.get("train_seconds"),
+            "loss_curve": [steps, loss]}
+
+
+def depth_results(out: Path, arms: dict[str, Arm], scale: Scale) -> dict:
+    """Per stage (``pre``, ``rl``) and hop count: pass@1 of each model (mean, SE, 95 % interval; RL
+    seeds pooled) and the paired T = 4 − T = 1 difference with its interval and p-value."""
+    from rltt.errors import RlttError
+    from rltt.evaluation.results import compare_object, pool_object
+
+    res: dict = {"pretrain": {f"T{L}": _pretrain(out / "runs" / f"depth-pretrain-T{L}") for L in (T, 1)},
+                 "hops": list(HOPS), "stages": {}}
+    for mixed in (out / "depth").glob("*.json"):
+        if not mixed.stem.rsplit("-", 1)[-1].startswith("h"):
+            split_by_hops(mixed)
+    for stage in ("pre", "rl"):
+        rows = {}
+        for hops in HOPS:
+            sides = {}
+            for loops in (T, 1):
+                files = ([eval_file(out, f"pre-T{loops}", hops)] if stage == "pre" else
+                         [eval_file(out, f"rl-T{loops}-s{s}", hops) for s in range(scale.depth_seeds)])
+                files = [f for f in files if f.is_file()]
+                sides[f"T{loops}"] = ",".join(str(f) for f in files)
+            row: dict = {}
+            for side, spec in sides.items():
+                if spec:
+                    row[side] = pool_object(spec)["summary"]["pass@1"]
+            if sides[f"T{T}"] and sides["T1"]:
+                try:
+                    row["difference"] = compare_object(sides[f"T{T}"], sides["T1"])["difference"]["pass@1"]
+                except RlttError as exc:
+                    row["difference"] = {"error": str(exc)}
+            rows[hops] = row
+        res["stages"][stage] = rows
+    return res
