@@ -2,7 +2,8 @@
 
 ``per_loop_logprobs(hidden (T, N, d), weight (V, d), targets (N,))`` returns the log-prob of
 each target under every loop's distribution and every loop's entropy, without ever holding
-more than one vocabulary chunk of logits. Triton on CUDA, chunked PyTorch elsewhere; choose
+more than one vocabulary chunk of logits (``kept_floor=``: renormalised over a top-k/top-p kept
+set per token). Triton on CUDA, chunked PyTorch elsewhere; choose
 with ``impl=`` or ``RLTT_LOGPROB_IMPL`` (auto | triton | chunked | reference). Triton is only
 imported when its implementation is used.
 """

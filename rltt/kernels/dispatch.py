@@ -17,7 +17,7 @@ import os
 import torch
 
 from rltt.errors import RlttError
-from rltt.kernels._common import LoopLogProbs, default_chunk_size
+from rltt.kernels._common import LoopLogProbs, default_chunk_size, floor_thresholds
 
 ENV_VAR = "RLTT_LOGPROB_IMPL"
 IMPLS = ("auto", "triton", "chunked", "reference")
@@ -54,7 +54,7 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     return name
 
 
-def _validate(hidden, weight, targets, temperature, mask, chunk_size):
+def _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor=None):
     if hidden.dim() != 3:
         raise RlttError(f"hidden must be (T, N, d); got shape {tuple(hidden.shape)}")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
@@ -67,7 +67,11 @@ def _validate(hidden, weight, targets, temperature, mask, chunk_size):
                         f"got {targets.dtype} {tuple(targets.shape)}")
     if mask is not None and (mask.shape != (n,) or mask.dtype != torch.bool):
         raise RlttError(f"mask must be bool of shape ({n},); got {mask.dtype} {tuple(mask.shape)}")
-    for name, tensor in (("weight", weight), ("targets", targets), ("mask", mask)):
+    if kept_floor is not None:
+        if kept_floor.shape != (n,) or kept_floor.dtype.is_floating_point or kept_floor.dtype == torch.bool:
+            raise RlttError(f"kept_floor must be integer of shape ({n},); "
+                            f"got {kept_floor.dtype} {tuple(kept_floor.shape)}")
+    for name, tensor in (("weight", weight), ("targets", targets), ("mask", mask), ("kept_floor", kept_floor)):
         if tensor is not None and tensor.device != hidden.device:
             raise RlttError(f"{name} is on {tensor.device} but hidden is on {hidden.device}")
     if not hidden.dtype.is_floating_point or not weight.dtype.is_floating_point:
@@ -95,6 +99,7 @@ def per_loop_logprobs(
     mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     impl: str | None = None,
+    kept_floor: torch.Tensor | None = None,
 ) -> LoopLogProbs:
     """Log-prob of each target under every loop's distribution, and each loop's entropy.
 
@@ -107,17 +112,24 @@ def per_loop_logprobs(
             targets may be anything, e.g. -100 padding).
         chunk_size: vocabulary columns per chunk (default sized to a 64 MiB fp32 chunk).
         impl: auto | triton | chunked | reference; default from RLTT_LOGPROB_IMPL, else auto.
+        kept_floor: optional (N,) integer: token j's log-probs are renormalised over a kept set
+            (top-k/top-p sampling), at every loop t ``K_t = {i : z_t[i] >= z_t[kept_floor[j]]}``
+            plus ``kept_floor[j]`` and the target itself (z: the tempered logits); -1 keeps the
+            whole vocabulary. The entropy stays the full distribution's. The set is a constant
+            of the backward (piecewise constant in hidden and weight).
 
     Returns:
         LoopLogProbs(logprobs (T, N), entropy (T, N)), fp32, differentiable with respect to
         hidden and weight (gradients come back in their dtypes). Only one vocabulary chunk of
         logits exists at a time (except for ``reference``).
     """
-    _validate(hidden, weight, targets, temperature, mask, chunk_size)
+    _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor)
     name = resolve_impl(impl, hidden.device)
+    if kept_floor is not None and not bool((kept_floor >= 0).any()):
+        kept_floor = None  # nothing truncated: the untruncated kernels, unchanged
     if name == "reference":
         from rltt.kernels.reference import reference_logprobs
-        return reference_logprobs(hidden, weight, targets, temperature=temperature, mask=mask)
+        return reference_logprobs(hidden, weight, targets, temperature=temperature, mask=mask, kept_floor=kept_floor)
 
     steps, n, d = hidden.shape
     vocab = weight.shape[0]
@@ -127,14 +139,24 @@ def per_loop_logprobs(
         index = mask.nonzero().squeeze(1)
         hidden = hidden.index_select(1, index)
         targets = targets.index_select(0, index)
+        if kept_floor is not None:
+            kept_floor = kept_floor.index_select(0, index)
     if targets.numel() and bool((targets < 0).any() | (targets >= vocab).any()):
         bad = targets[(targets < 0) | (targets >= vocab)][0].item()
         raise RlttError(f"target id {bad} is outside the vocabulary [0, {vocab}) "
                         "(mask padding positions out)")
+    truncation = ()
+    if kept_floor is not None:
+        kept_floor = kept_floor.long()
+        if bool((kept_floor >= vocab).any()):
+            raise RlttError(f"kept_floor id {int(kept_floor.max())} is outside the vocabulary [0, {vocab})")
+        kept_floor = kept_floor.clamp_min(-1)
+        thresholds = floor_thresholds(hidden, weight, kept_floor, 1.0 / temperature)
+        truncation = (kept_floor.repeat(steps), thresholds.reshape(-1))
     rows = hidden.reshape(steps * hidden.shape[1], d)
     row_targets = targets.repeat(steps)
     chunk = chunk_size or default_chunk_size(rows.shape[0], vocab)
-    logprobs, entropy = _rows_impl(name)(rows, weight, row_targets, 1.0 / temperature, chunk)
+    logprobs, entropy = _rows_impl(name)(rows, weight, row_targets, 1.0 / temperature, chunk, *truncation)
     logprobs = logprobs.view(steps, -1)
     entropy = entropy.view(steps, -1)
     if index is not None:

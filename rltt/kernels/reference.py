@@ -18,11 +18,15 @@ def reference_logprobs(
     *,
     temperature: float = 1.0,
     mask: torch.Tensor | None = None,
+    kept_floor: torch.Tensor | None = None,
 ) -> LoopLogProbs:
     """log_softmax(hidden @ weight.T / temperature) gathered at targets, and the entropy.
 
     hidden (T, N, d), weight (V, d), targets (N,), mask (N,) bool or None. Computes in fp32
     and returns fp32 (T, N) tensors; masked positions are 0 (and get no gradient).
+    ``kept_floor`` (N,) or None: the log-prob of token j is renormalised over the logits at least
+    its floor token's (from the same materialised logits), plus the floor and the target; -1
+    keeps everything (`rltt.kernels.per_loop_logprobs`).
     """
     logits = hidden.float() @ weight.float().T / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -31,6 +35,17 @@ def reference_logprobs(
         safe_targets = torch.where(mask, safe_targets, torch.zeros_like(safe_targets))
     index = safe_targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)
     logprobs = logp.gather(-1, index).squeeze(-1)
+    if kept_floor is not None:
+        floor = kept_floor.long()
+        if mask is not None:
+            floor = torch.where(mask, floor, torch.full_like(floor, -1))
+        steps, vocab = logits.shape[0], logits.shape[-1]
+        at = logits.detach().gather(-1, floor.clamp_min(0).view(1, -1, 1).expand(steps, -1, 1))
+        cols = torch.arange(vocab, device=logits.device)
+        kept = (logits.detach() >= at) | (cols == floor.view(1, -1, 1)) | (cols == safe_targets.view(1, -1, 1))
+        kept = kept | (floor < 0).view(1, -1, 1)
+        kept_lp = torch.log_softmax(logits.masked_fill(~kept, float("-inf")), dim=-1).gather(-1, index).squeeze(-1)
+        logprobs = torch.where((floor >= 0).view(1, -1), kept_lp, logprobs)
     entropy = -(logp.exp() * logp).sum(-1)
     if mask is not None:
         keep = mask.view(1, -1)

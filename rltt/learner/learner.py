@@ -153,7 +153,7 @@ class Learner:
         return self._data_parallel_world() == 1 or torch.distributed.get_rank() == 0
 
     def _score(self, model: torch.nn.Module, mb: LearnerBatch):
-        return score_tokens(model, mb, pack=self.cfg.pack_sequences)
+        return score_tokens(model, mb, pack=self.cfg.pack_sequences, head_dtype=self.cfg.head_dtype)
 
     @property
     def device(self) -> torch.device:

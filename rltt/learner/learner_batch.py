@@ -13,7 +13,13 @@ class LearnerBatch:
 
     Token-aligned tensors (B, S) describe the token *at* each position: ``target_mask`` marks
     completion tokens (the ones scored), ``exit_steps`` their recorded exit step t* (1-based;
-    1 elsewhere), ``sampler_logprobs`` the sampler's tempered ``log P^(t*)(y)``.
+    1 elsewhere), ``sampler_logprobs`` the sampler's tempered ``log P^(t*)(y)`` (of the
+    distribution the token was drawn from: truncated by top-k/top-p where it was), ``kept_floor``
+    the kept-set floor token of that truncation (-1: none; `RolloutBatch.kept_floor`) — the learner
+    renormalises its log-probs over the tokens it scores at least as high as that token
+    (docs/design.md §3.6).
+
+    ``head_dtype`` is not carried here: it is the learner's setting (`LearnerConfig.lm_head_dtype`).
     """
 
     input_ids: torch.Tensor  # (B, S) long
@@ -25,6 +31,7 @@ class LearnerBatch:
     old_logprobs: torch.Tensor | None = None  # (B, S) learner's log-prob at the rollout weights
     ref_logprobs: torch.Tensor | None = None  # (B, S) reference model's log-prob (for KL)
     temperature: float = 1.0
+    kept_floor: torch.Tensor | None = None  # (B, S) long; -1 = the whole vocabulary (None: all -1)
 
     @property
     def size(self) -> int:
@@ -56,19 +63,26 @@ class LearnerBatch:
         exits[row, pos] = rollout.exit_steps[keep]
         sampler = torch.zeros(ids.shape, dtype=torch.float32)
         sampler[row, pos] = rollout.tempered_logprobs[keep].float()
+        floors = None
+        if rollout.kept_floor is not None and bool((rollout.kept_floor[keep] >= 0).any()):
+            floors = torch.full(ids.shape, -1, dtype=torch.long)
+            floors[row, pos] = rollout.kept_floor[keep]
         return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
                    advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
-                   temperature=rollout.params.temperature)
+                   temperature=rollout.params.temperature, kept_floor=floors)
 
     @classmethod
     def cat(cls, batches: list["LearnerBatch"], pad_id: int = 0) -> "LearnerBatch":
         """The rows of ``batches`` in order, right-padded to the widest (padding as `from_rollout`)."""
         width = max(b.input_ids.shape[1] for b in batches)
         fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1,
-                "sampler_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0}
+                "sampler_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0, "kept_floor": -1}
         out = {}
         for f in fields(cls):
             values = [getattr(b, f.name) for b in batches]
+            if f.name == "kept_floor" and any(v is not None for v in values):  # a batch without: no truncation
+                values = [torch.full(b.input_ids.shape, -1, dtype=torch.long) if v is None else v
+                          for b, v in zip(batches, values)]
             if f.name in fill and values[0] is not None:
                 out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill[f.name])
                                          for v in values])

@@ -2,7 +2,9 @@
 
 The learner's forward is the dense one (every position runs all T steps); deferred rollouts
 compute the same function (docs/design.md §2.1–2.3), and the recorded exit steps are replayed as data.
-Log-probs go through `rltt.kernels` inside the LM head, so no (T, N, V) logits exist.
+Log-probs go through `rltt.kernels` inside the LM head, so no (T, N, V) logits exist. Tokens
+sampled from a truncated distribution (top-k/top-p, ``LearnerBatch.kept_floor``) are scored
+renormalised over the same kept set (docs/design.md §3.6).
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def score_tokens(model: torch.nn.Module, batch: LearnerBatch, pack: bool = False) -> LoopScores:
-    """Per-loop log-probs (at the batch temperature), entropies and exit probabilities of the
-    completion tokens of ``batch``. ``model`` may be wrapped (DeepSpeed engine): the call goes
-    through its forward, in the model's score mode. ``pack``: the prefix-shared, unpadded
-    score forward (`rltt.model.packing`)."""
+def score_tokens(model: torch.nn.Module, batch: LearnerBatch, pack: bool = False,
+                 head_dtype: torch.dtype | None = None) -> LoopScores:
+    """Per-loop log-probs (at the batch temperature, over each token's kept set), entropies and
+    exit probabilities of the completion tokens of ``batch``. ``model`` may be wrapped (DeepSpeed
+    engine): the call goes through its forward, in the model's score mode. ``pack``: the
+    prefix-shared, unpadded score forward (`rltt.model.packing`). ``head_dtype``: torch.float32 runs
+    the LM head's final norm and the head in fp32 on a 16-bit model (`LearnerConfig.lm_head_dtype`)."""
+    extra = {} if head_dtype is None else {"head_dtype": head_dtype}
+    if batch.kept_floor is not None:
+        extra["kept_floor"] = batch.kept_floor
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, score_mask=batch.target_mask,
-                temperature=batch.temperature, use_cache=False, pack=pack)
+                temperature=batch.temperature, use_cache=False, pack=pack, **extra)
     mask = batch.target_mask.bool()
     return LoopScores(out.token_logprobs, out.token_entropy, out.token_exit_probs, batch.exit_steps[mask], mask)

@@ -18,6 +18,12 @@ from rltt.sections import Dtype
 
 Beta = Annotated[float, Range(ge=0, lt=1)]
 
+#: ``learner.lm_head_dtype``: the dtype the learner's LM head — the final norm of its input, the
+#: head and the per-loop log-prob kernel — runs in. ``model``: the model's own (None); ``fp32``:
+#: fp32 from a 16-bit model (the states and the head weight upcast inside the kernel call; on an
+#: fp32 model nothing changes)
+LM_HEAD_DTYPES = {"model": None, "fp32": "float32"}
+
 
 @dataclass
 class AlgorithmConfig:
@@ -41,6 +47,8 @@ class AlgorithmConfig:
     ``track_kl``: keep the frozen reference (one extra no-grad forward) to log ``kl/ref``
     even with ``kl_coef = 0`` — the first sign that the policy is (not) moving.
     ``dynamic_sampling``: drop groups whose rewards are all equal and refill the batch.
+    ``compute_cost``: λ ≥ 0, a price on compute — λ · (mean recorded exit step of a completion's
+    sampled tokens) / T is subtracted from its reward before the advantages (docs/design.md §5.11).
     """
 
     policy_logprob: PolicyLogprobKind = "exit"
@@ -70,6 +78,7 @@ class AlgorithmConfig:
     track_kl: bool = True  # keep a frozen reference to log kl/ref even when kl_coef = 0
     dynamic_sampling: bool = False
     max_refills: NonNegativeInt = 4
+    compute_cost: NonNegativeFloat = 0.0  # λ: the reward given up by a completion whose every token runs all T loops
 
     def __post_init__(self) -> None:
         check_fields(self, "algorithm")
@@ -100,6 +109,12 @@ class LearnerConfig:
     `torch.utils.checkpoint`; `rltt.model.modeling`) — activation memory per position falls from
     T·L layers' internals to T·L hidden states plus one layer, for one more forward of the block;
     the same values and gradients (bitwise in fp32 on CPU).
+
+    ``lm_head_dtype``: ``model`` (the model's dtype) or ``fp32``: on a bf16/fp16 learner the final
+    norm feeding the LM head, the head and the per-loop log-prob kernel run in fp32 (the states
+    and the 16-bit head weight are upcast inside the kernel, tile by tile: no fp32 weight copy),
+    which brings its log-probs closer to an fp32 rollout's (lower ``mismatch/*``); the gates and
+    the carried state stay as computed. A no-op on an fp32 learner.
     """
 
     backend: Literal[tuple(BACKENDS)] = "torch"  # type: ignore[valid-type]  # the backend table's names
@@ -113,8 +128,17 @@ class LearnerConfig:
     micro_batch_size: PositiveInt = 8
     pack_sequences: bool = True
     activation_checkpointing: bool = False
+    lm_head_dtype: Literal[tuple(LM_HEAD_DTYPES)] = "model"  # type: ignore[valid-type]  # the table's names
 
     def __post_init__(self) -> None:
         check_fields(self, "learner")
         if len(self.betas) != 2:
             raise recipe_error("learner.betas", f"need two numbers in [0, 1), got {self.betas}")
+
+    @property
+    def head_dtype(self):
+        """The torch dtype of ``lm_head_dtype`` (None: the model's)."""
+        import torch
+
+        name = LM_HEAD_DTYPES[self.lm_head_dtype]
+        return None if name is None else getattr(torch, name)

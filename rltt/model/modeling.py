@@ -78,13 +78,15 @@ class LMHead(nn.Linear):
     that ZeRO-3 gathers its weight as for any module call."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, temperature: float = 1.0,
-                mask: torch.Tensor | None = None):
+                mask: torch.Tensor | None = None, kept_floor: torch.Tensor | None = None):
         if targets is None:
             return super().forward(hidden)
         from rltt.kernels import per_loop_logprobs
 
-        # a plain tuple, so that ZeRO-3's backward hooks see the output tensors and re-gather the weight
-        out = per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask)
+        # a plain tuple, so that ZeRO-3's backward hooks see the output tensors and re-gather the weight;
+        # fp32 states with a 16-bit weight (an fp32 readout) are upcast inside the kernels
+        out = per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask,
+                                kept_floor=kept_floor)
         return out.logprobs, out.entropy
 
 
@@ -176,12 +178,22 @@ class LoopedModel(LoopedPreTrainedModel):
     def final_norm(self, s: torch.Tensor) -> torch.Tensor:
         return s if self.norm is None else self.norm(s)
 
+    def final_norm_fp32(self, s: torch.Tensor) -> torch.Tensor:
+        """The final norm of ``s`` computed and returned in fp32 (never rounded to a 16-bit dtype):
+        the LM head's input under an fp32 readout (`LearnerConfig.lm_head_dtype`)."""
+        x = s.float()
+        if self.norm is None:
+            return x
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.variance_epsilon)
+        return self.norm.weight.float() * x
+
     def gate(self, h: torch.Tensor) -> torch.Tensor:
         """λ_t = σ(w_gᵀ h_t + b_g) in fp32, shape h.shape[:-1]."""
         return torch.sigmoid(self.exit_gate(h).squeeze(-1).float())
 
     def step(self, embeds: torch.Tensor, carry: torch.Tensor, step: Step, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend, checkpointed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             attend: Attend, checkpointed: bool = False,
+             fp32_readout: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One loop step: inject → block → norm → carry. Returns ``(h_t, carry for step t + 1)``.
 
         The one place the loop step is written: the forward and the packed forward (through
@@ -190,10 +202,13 @@ class LoopedModel(LoopedPreTrainedModel):
         λ_t = ``gate(h_t)`` reads h_t like the LM head does and feeds nothing back, so callers
         apply it: the forward once over all T steps, the executor once per pass.
         ``checkpointed``: activation checkpointing of the block's layer calls (the forwards pass
-        `checkpointing`; the executor never does — its attention writes a cache)."""
+        `checkpointing`; the executor never does — its attention writes a cache).
+        ``fp32_readout``: the first element is ``(h_t, final_norm_fp32(s_t))``, the state as computed
+        and the LM head's fp32 input."""
         s = self.block(self.inject(embeds, carry, step), cos, sin, attend, step, checkpointed)
         h = self.final_norm(s)
-        return h, (h if self.config.carry_normed_state else s)
+        carry = h if self.config.carry_normed_state else s
+        return ((h, self.final_norm_fp32(s)) if fp32_readout else h), carry
 
     def checkpointing(self) -> bool:
         """Whether a forward now checkpoints its layer calls: switched on (`gradient_checkpointing`),
@@ -201,20 +216,23 @@ class LoopedModel(LoopedPreTrainedModel):
         return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
     def steps(self, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              attend_at: Callable[[int], Attend], checkpointed: bool = False) -> Iterator[torch.Tensor]:
+              attend_at: Callable[[int], Attend], checkpointed: bool = False,
+              fp32_readout: bool = False) -> Iterator[torch.Tensor]:
         """h_1, …, h_T over every position; ``attend_at(t)`` is step t's attention. A generator: a
         caller's per-step readout (the packed forward's ``h[0]``) is taken as each step ends.
         ``checkpointed``: activation checkpointing (the attention must not write a cache, which
-        the recompute would write again)."""
+        the recompute would write again). ``fp32_readout``: yield ``(h_t, final_norm_fp32(s_t))``
+        — the step's state as computed (gate, carry) and the LM head's fp32 input."""
         carry = embeds
         for t in range(1, self.config.num_loops + 1):
-            h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t), checkpointed)
+            h, carry = self.step(embeds, carry, t, cos, sin, attend_at(t), checkpointed, fp32_readout)
             yield h
 
     # -- the forward -------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None):
-        """Returns (step_hidden (T, B, S, d), gate_probs (T, B, S)), writing to ``past_key_values``."""
+                inputs_embeds=None, fp32_readout: bool = False):
+        """Returns (step_hidden (T, B, S, d), gate_probs (T, B, S)), writing to ``past_key_values``.
+        ``fp32_readout``: step_hidden is the fp32 final norm (`final_norm_fp32`), the gates as without."""
         cfg = self.config
         e = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         bsz, seq = e.shape[:2]
@@ -233,15 +251,22 @@ class LoopedModel(LoopedPreTrainedModel):
 
         # a KV cache being written is never checkpointed (`LoopedForCausalLM` turns it off instead)
         checkpointed = self.checkpointing() and past_key_values is None
+        if fp32_readout:
+            states, readout = zip(*self.steps(e, cos, sin, attend_at, checkpointed, fp32_readout=True))
+            return torch.stack(readout), self.gate(torch.stack(states))
         step_hidden = torch.stack(list(self.steps(e, cos, sin, attend_at, checkpointed)))
         return step_hidden, self.gate(step_hidden)
 
-    def packed(self, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    def packed(self, layout: PackedLayout, fp32_readout: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward over a packed sequence (`rltt.model.packing`): returns step_hidden
-        (T, N, d) and gate_probs (T, N) of its N tokens."""
+        (T, N, d) and gate_probs (T, N) of its N tokens (``fp32_readout`` as in `forward`)."""
         e = self.embed_tokens(layout.input_ids)[None]  # (1, N, d)
         cos, sin = self.rotary_emb(layout.positions[None], e.dtype)
         attend = PackedAttend(layout, self.config.head_dim**-0.5, e.dtype)
+        if fp32_readout:
+            pairs = [(h[0], r[0]) for h, r in self.steps(e, cos, sin, lambda t: attend, self.checkpointing(),
+                                                           fp32_readout=True)]
+            return torch.stack([r for _, r in pairs]), self.gate(torch.stack([h for h, _ in pairs]))
         step_hidden = torch.stack([h[0] for h in self.steps(e, cos, sin, lambda t: attend, self.checkpointing())])
         return step_hidden, self.gate(step_hidden)
 
@@ -300,10 +325,12 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         score_mask: torch.Tensor | None = None,
         temperature: float = 1.0,
         pack: bool = False,
+        kept_floor: torch.Tensor | None = None,
+        head_dtype: torch.dtype | None = None,
         **kwargs,
     ) -> LoopOutput:
         if score_mask is not None:
-            return self.score(input_ids, attention_mask, score_mask, temperature, pack)
+            return self.score(input_ids, attention_mask, score_mask, temperature, pack, kept_floor, head_dtype)
         cfg = self.config
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache and self.model.checkpointing():
@@ -344,7 +371,8 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         )
 
     def score(self, input_ids, attention_mask, score_mask: torch.Tensor, temperature: float = 1.0,
-              pack: bool = False) -> LoopOutput:
+              pack: bool = False, kept_floor: torch.Tensor | None = None,
+              head_dtype: torch.dtype | None = None) -> LoopOutput:
         """Score mode (``forward(..., score_mask=M)``): per-loop log-probs ``log P^(t)(x_j)`` and
         entropies of the tokens at positions where ``M`` (B, S) is true, for all T loops, through
         `rltt.kernels` (no (T, N, V) logits), plus the exit distribution of the state that produced
@@ -353,20 +381,31 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         ``pack=True`` (right-padded batches) computes each distinct prefix — the positions before
         a row's first scored token, e.g. the prompt shared by a group's G completions — once, and
         no padding (`rltt.model.packing`); the result is the same function, and ``gate_probs``
-        (B, S-shaped) is then not returned."""
+        (B, S-shaped) is then not returned.
+
+        ``kept_floor`` (B, S) integer: the kept-set floor token of each scored token (top-k/top-p
+        sampling; -1 = the whole vocabulary): its log-probs are renormalised over the tokens each
+        loop scores at least as high as that token (`rltt.kernels.per_loop_logprobs`).
+        ``head_dtype``: torch.float32 on a 16-bit model runs the final norm of the LM head's input
+        and the head in fp32 (`LoopedModel.final_norm_fp32`; the gates, the carried state and the
+        head weight stay as they are); None or the model's dtype: as computed."""
         mask = score_mask.bool()
         if mask[:, 0].any():
             raise ValueError("score_mask: position 0 cannot be scored (it has no context)")
         predicts = mask[:, 1:]  # the state at position i produced the token at i + 1
         targets = input_ids[:, 1:][predicts]
+        floors = None if kept_floor is None else kept_floor[:, 1:][predicts]
+        if head_dtype not in (None, torch.float32):
+            raise ValueError(f"head_dtype: None or torch.float32, got {head_dtype}")
+        fp32_readout = head_dtype == torch.float32 and self.lm_head.weight.dtype != torch.float32
         layout = PackedLayout.build(input_ids, attention_mask, mask) if pack else None
         if layout is not None:
-            step_hidden, gate_probs = self.model.packed(layout)  # (T, N, d), (T, N)
+            step_hidden, gate_probs = self.model.packed(layout, fp32_readout)  # (T, N, d), (T, N)
             source = layout.packed_of[:, :-1][predicts]
             hidden, gates, gate_probs = step_hidden[:, source], gate_probs[:, source], None
         else:
-            step_hidden, gate_probs = self.model(input_ids, attention_mask)
+            step_hidden, gate_probs = self.model(input_ids, attention_mask, fp32_readout=fp32_readout)
             hidden, gates = step_hidden[:, :, :-1][:, predicts], gate_probs[:, :, :-1][:, predicts]
-        logprobs, entropy = self.lm_head(hidden, targets=targets, temperature=temperature)
+        logprobs, entropy = self.lm_head(hidden, targets=targets, temperature=temperature, kept_floor=floors)
         return LoopOutput(gate_probs=gate_probs, token_logprobs=logprobs, token_entropy=entropy,
                           token_exit_probs=exit_distribution(gates))

@@ -17,6 +17,12 @@ d = hidden, q = Hq·D, kv = Hkv·D, F = intermediate, T loops, L layers::
                                              entropy, targets; the exit-distribution terms)
     activations    = n·per position + n_s·per scored
 
+With an fp32 LM head on a 16-bit learner (``learner.lm_head_dtype: fp32``, b < 4) the head reads
+each step's final norm recomputed in fp32 (`rltt.model.modeling.LoopedModel.final_norm_fp32`)::
+
+    per position  += T·(8·d + 4)     (its fp32 upcast and normed x, rstd)
+    per scored    += T·(4 − b)·d     (the gathered h_t in fp32)
+
 The attention output needs no copy (SDPA returns it in the (B, S, H, D) layout the output
 projection reads). The RMSNorm term is the composite one (CPU, and every bf16 norm); CUDA's fused
 fp32 ``rms_norm`` saves less (4·w + 4·rows), so fp32 on a GPU is slightly over-counted.
@@ -115,14 +121,16 @@ def _step(shape: ModelShape, b: int, checkpointing: bool) -> int:
     return block + norm_bytes(shape.hidden, 1, b) * shape.final_norm
 
 
-def _per_position(shape: ModelShape, b: int, checkpointing: bool) -> int:
+def _per_position(shape: ModelShape, b: int, checkpointing: bool, fp32_readout: bool = False) -> int:
     d, T = shape.hidden, shape.loops
     injected = b * d * (T - 1) * shape.injection
-    return T * _step(shape, b, checkpointing) + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1
+    readout = T * (8 * d + 4) if fp32_readout and b < 4 else 0
+    return T * _step(shape, b, checkpointing) + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1 + readout
 
 
-def _per_scored(shape: ModelShape, b: int) -> int:
-    return shape.loops * b * shape.hidden + 16 * shape.loops + 16
+def _per_scored(shape: ModelShape, b: int, fp32_readout: bool = False) -> int:
+    h = 4 if fp32_readout and b < 4 else b
+    return shape.loops * h * shape.hidden + 16 * shape.loops + 16
 
 
 def packed_attention_extra(shape: ModelShape, b: int, positions: int, key_positions: int) -> int:
@@ -134,15 +142,17 @@ def packed_attention_extra(shape: ModelShape, b: int, positions: int, key_positi
 
 
 def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
-                     key_positions: int | None = None) -> int:
+                     key_positions: int | None = None, fp32_readout: bool = False) -> int:
     """Bytes autograd keeps at its peak for a forward over ``positions`` positions, ``scored`` of
     them scored (see the module docstring); with ``checkpointing`` the first layer recompute
     included, less what the backward released before it. ``key_positions``: packed scoring, the
-    keys its attention gathers per layer call (None: the padded forward)."""
+    keys its attention gathers per layer call (None: the padded forward). ``fp32_readout``: an fp32
+    LM head on a 16-bit learner."""
     extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
-    total = positions * _per_position(shape, b, checkpointing) + scored * _per_scored(shape, b)
+    per_scored = _per_scored(shape, b, fp32_readout)
+    total = positions * _per_position(shape, b, checkpointing, fp32_readout) + scored * per_scored
     if checkpointing:
-        released = scored * _per_scored(shape, b) + positions * norm_bytes(shape.hidden, 1, b) * shape.final_norm
+        released = scored * per_scored + positions * norm_bytes(shape.hidden, 1, b) * shape.final_norm
         total += max(0, positions * layer_bytes(shape, b) + extra - released)
     else:
         total += shape.loops * shape.layers * extra
@@ -150,13 +160,13 @@ def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, che
 
 
 def held_after_last_loop(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
-                         key_positions: int | None = None) -> int:
+                         key_positions: int | None = None, fp32_readout: bool = False) -> int:
     """Activation bytes still held when the backward has gone through loop T (module docstring):
     what the loop-summed gradient buffers of the shared block add to."""
     extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
     last_step = _step(shape, b, checkpointing) + b * shape.hidden * shape.injection * (shape.loops > 1)
-    per_scored = scored * _per_scored(shape, b)
-    forward = positions * _per_position(shape, b, checkpointing) + per_scored
+    per_scored = scored * _per_scored(shape, b, fp32_readout)
+    forward = positions * _per_position(shape, b, checkpointing, fp32_readout) + per_scored
     if checkpointing:
         return forward - per_scored - positions * last_step + positions * layer_bytes(shape, b) + extra
     return forward + shape.loops * shape.layers * extra - per_scored - positions * last_step - shape.layers * extra

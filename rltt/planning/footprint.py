@@ -106,7 +106,8 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     return {
         "gradients": gradients,
         "loop_gradients": b * shared if shape.loops > 1 else 0,
-        "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys),
+        "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys,
+                                            fp32_readout=s.fp32_head),
         "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
         "step_workspace": fp32_grads + foreach,
     }
@@ -126,7 +127,8 @@ def rollout(shape: ModelShape, s: RunSettings, rows: int) -> dict[str, int]:
 def held_activations(shape: ModelShape, s: RunSettings) -> int:
     """The activations still held when the backward has gone through the last loop step."""
     positions, scored, keys = s.learner_positions()
-    return act.held_after_last_loop(shape, s.train_bytes, positions, scored, s.checkpointing, key_positions=keys)
+    return act.held_after_last_loop(shape, s.train_bytes, positions, scored, s.checkpointing, key_positions=keys,
+                                    fp32_readout=s.fp32_head)
 
 
 def phases(components: dict[str, int], held: int | None = None) -> dict[str, int]:

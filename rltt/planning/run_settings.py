@@ -57,6 +57,7 @@ class RunSettings:
     top_k: int
     chunk_rows: int | str
     pack_sequences: bool = True
+    fp32_head: bool = False  # learner.lm_head_dtype: fp32 (its activations count only on a 16-bit learner)
 
     @classmethod
     def from_recipe(cls, recipe, device: str, gpus: int = 1) -> "RunSettings":
@@ -72,6 +73,7 @@ class RunSettings:
             prompt_tokens=recipe.data.max_prompt_tokens,
             completion_tokens=completion_width(r), top_p=r.top_p, top_k=r.top_k,
             chunk_rows=r.chunk_rows, pack_sequences=bool(getattr(learner, "pack_sequences", True)),
+            fp32_head=getattr(learner, "lm_head_dtype", "model") == "fp32",
         )
 
     # -- dtypes ------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ One call of `NativeEngine.generate` runs serial passes of the shared block until
 has finished. Each pass (see `Scheduler`) advances every active row's decode token by one
 step — rows at different steps share the pass (depth-mixed batching) — and computes, in the
 same pass, the pending entries of earlier tokens that step needs. After the pass, tokens
-whose exit policy says "exit here" are sampled from the full-vocabulary logits of that step.
+whose exit policy says "exit here" are sampled from the full-vocabulary logits of that step
+(tempered, truncated by top-k/top-p: the kept set is recorded per token, `kept_floor`).
 Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit for bit.
 
 With ``chunk_rows`` a call runs in chunks of whole prompts, one after another (`_Chunk`), so the
@@ -27,7 +28,7 @@ from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, S
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams, stop_token_set
-from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample_tokens
+from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample
 from rltt.rollout.scheduler import Scheduler
 
 
@@ -194,15 +195,15 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
             logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
             uniforms = None if params.greedy else \
                 random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
-            tokens = sample_tokens(logits, params, uniforms)
-            raw, tempered = logprobs_of(logits, tokens, params.temperature)
+            tokens, floors = sample(logits, params, uniforms)
+            raw, tempered = logprobs_of(logits, tokens, params.temperature, floors)
             positions = [ends[i] + 1 for i in chosen]
             executor.write_tokens(exit_rows, positions, tokens)
             # .tolist() of fp32 values gives exact Python floats: the sampler's bits
-            for r, i, position, token, lp, lp_t in zip(exit_rows, chosen, positions, tokens.tolist(),
-                                                      raw.tolist(), tempered.tolist()):
+            for r, i, position, token, lp, lp_t, floor in zip(exit_rows, chosen, positions, tokens.tolist(),
+                                                             raw.tolist(), tempered.tolist(), floors.tolist()):
                 row = out[r]
-                row.add(token, steps[i], lp, lp_t)
+                row.add(token, steps[i], lp, lp_t, floor)
                 sched.exited(r)
                 reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
                 if reason is None and budget.should_force(r, row.tokens):

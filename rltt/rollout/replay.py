@@ -1,7 +1,7 @@
 """Bitwise schedule replay: the rollout's sampling log-probs recomputed from its recorded passes.
 
 `replay_logprobs(model, batch)` re-executes the recorded passes of a native rollout with the
-recorded tokens and exits in place of the sampling decisions. The passes run through the same
+recorded tokens, exits and kept sets (top-k/top-p) in place of the sampling decisions. The passes run through the same
 `PassExecutor` with the same batch composition — a record of several chunks (`Schedule.chunks`: a
 chunked native call, a Ray pool's shards) chunk by chunk, each on an executor of its own rows — so
 at the rollout's weights the result equals ``batch.logprobs`` / ``batch.tempered_logprobs`` bit
@@ -82,7 +82,8 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         exit_rows = local.to(executor.device)
         positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
         targets = executor.tokens[exit_rows, positions]
-        lp_raw, lp_tempered = logprobs_of(logits, targets, temperature)
         columns = positions.cpu() - batch.prompt_lengths[record.exits]
+        floors = batch.kept_floor[record.exits, columns].to(executor.device)
+        lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
         raw[record.exits, columns] = lp_raw.cpu()
         tempered[record.exits, columns] = lp_tempered.cpu()

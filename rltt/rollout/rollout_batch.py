@@ -228,9 +228,14 @@ class RolloutBatch:
     - ``completion_ids`` (R, C) int64, right-padded with ``pad_id``; ``completion_lengths`` (R,);
       ``completion_mask`` (R, C) bool.
     - ``exit_steps`` (R, C) int64: t* of each completion token (0 on padding).
-    - ``logprobs`` (R, C) fp32: ``log P^(t*)(y)`` of the raw logits (before temperature);
-      ``tempered_logprobs`` (R, C) fp32: under ``softmax(logits / temperature)`` before
-      top-k/top-p filtering (equal to ``logprobs`` for greedy, temperature 0). 0 on padding.
+    - ``logprobs`` (R, C) fp32: ``log P^(t*)(y)`` of the raw logits (before temperature and
+      truncation); ``tempered_logprobs`` (R, C) fp32: of the distribution the token was drawn
+      from, ``softmax(logits / temperature)`` renormalised over the kept set of top-k/top-p
+      (equal to ``logprobs`` for greedy, temperature 0). 0 on padding.
+    - ``kept_floor`` (R, C) int64: the kept set of top-k/top-p each token was drawn from, as the
+      id of its lowest-scoring kept token b (the set is ``{i : ℓ_i/τ ≥ ℓ_b/τ}`` of the exit step's
+      logits, `rltt.rollout.sampler.kept_floor`); -1 where nothing was truncated, on padding and
+      on forced tokens. All -1 when not given (no truncation).
     - ``gate_probs`` (T, R, C) fp32: λ_t of the state that produced each completion token,
       NaN where step t of that token was never computed (deferred) or on padding.
     - ``finish_reasons``: ``"stop"`` (stop token or string) or ``"length"`` (max_new_tokens or
@@ -262,10 +267,13 @@ class RolloutBatch:
     dtype: torch.dtype
     pad_id: int = 0
     forced_mask: torch.Tensor | None = None
+    kept_floor: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.forced_mask is None:
             self.forced_mask = torch.zeros(self.completion_ids.shape, dtype=torch.bool)
+        if self.kept_floor is None:
+            self.kept_floor = torch.full(self.completion_ids.shape, -1, dtype=torch.long)
 
     @property
     def action_mask(self) -> torch.Tensor:

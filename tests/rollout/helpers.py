@@ -40,10 +40,12 @@ class DenseLogprobs:
     exit: torch.Tensor
 
 
-def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: float = 1.0) -> DenseLogprobs:
+def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: float = 1.0,
+                   truncated: bool = False) -> DenseLogprobs:
     """The rollout's completion log-probs from one full forward of the model's score mode (the
     learner's path, differentiable), with the recorded exit steps (the learner never re-decides
-    exits): the oracle the engine's recorded log-probs are checked against."""
+    exits): the oracle the engine's recorded log-probs are checked against. ``truncated``: over
+    the recorded top-k/top-p kept sets (``batch.kept_floor``), as the learner scores them."""
     ids, mask, start = batch.padded_sequences()
     device = model.lm_head.weight.device
     cmask = batch.completion_mask.to(device)
@@ -51,8 +53,14 @@ def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: f
     positions = start[:, None] + torch.arange(cmask.shape[1])[None, :]
     score_mask = torch.zeros(ids.shape, dtype=torch.bool)
     score_mask.scatter_(1, positions.clamp_max(ids.shape[1] - 1), batch.completion_mask)
+    extra = {}
+    if truncated:
+        floors = torch.full(ids.shape, -1, dtype=torch.long)
+        rows = torch.arange(ids.shape[0])[:, None].expand_as(positions)
+        floors[rows[batch.completion_mask], positions[batch.completion_mask]] = batch.kept_floor[batch.completion_mask]
+        extra["kept_floor"] = floors.to(device)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), score_mask=score_mask.to(device),
-                temperature=temperature, use_cache=False)
+                temperature=temperature, use_cache=False, **extra)
     T = out.token_logprobs.shape[0]
     where = cmask[None].expand(T, -1, -1)
     per_loop = out.token_logprobs.new_zeros((T, *cmask.shape)).masked_scatter(where, out.token_logprobs)

@@ -81,3 +81,31 @@ def test_hybrid_logprob_is_the_sampler_value_with_the_dense_gradient():
     model.zero_grad()
     dense_logprobs(model, batch).exit[batch.completion_mask].sum().backward()
     assert torch.equal(grad, model.lm_head.weight.grad)
+
+
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+@pytest.mark.parametrize("top_p,top_k", [(0.7, 0), (1.0, 5), (0.8, 7)])
+def test_hybrid_ratio_is_exactly_one_under_top_p_and_top_k(schedule, top_p, top_k):
+    """Truncated sampling: the sampler records the log-prob of the truncated, renormalised
+    distribution, the learner scores the same kept set, so the hybrid value is the sampler's bit for
+    bit (ratio exactly 1), the dense value is rounding away from it, and the gradient is the dense
+    truncated one."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60)  # peaked logits: truncation drops real mass
+    params = SamplingParams(temperature=0.8, top_p=top_p, top_k=top_k, max_new_tokens=7, n=2, seed=5,
+                            exit_policy="sample", schedule=schedule)
+    batch = NativeEngine(model).generate(prompts([5, 2, 4]), params)
+    cmask = batch.completion_mask
+    assert (batch.kept_floor[cmask] >= 0).any()
+    dense = dense_logprobs(model, batch, temperature=0.8, truncated=True)
+    hybrid = hybrid_logprob(dense.exit, batch.tempered_logprobs).masked_fill(~cmask, 0.0)
+    assert torch.equal(hybrid.detach(), batch.tempered_logprobs)  # importance ratio exactly 1
+    assert (dense.exit.detach() - batch.tempered_logprobs)[cmask].abs().max() < 1e-4
+    untruncated = dense_logprobs(model, batch, temperature=0.8).exit.detach()
+    assert (untruncated - batch.tempered_logprobs)[cmask].abs().max() > 1e-2  # what scoring the full support misses
+    hybrid[cmask].sum().backward()
+    grad = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    dense_logprobs(model, batch, temperature=0.8, truncated=True).exit[cmask].sum().backward()
+    assert torch.equal(grad, model.lm_head.weight.grad)
