@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rltt.config import NonNegativeInt, PositiveInt, recipe_error
+from rltt.config import NonNegativeFloat, NonNegativeInt, PositiveInt, recipe_error
 from rltt.data.gsm8k import DEFAULT_TEMPLATE
 from rltt.errors import ConfigError
 
@@ -122,11 +122,14 @@ class DataSection:
 
 @dataclass
 class TrainSection:
-    """``steps`` optimizer steps; ``threads`` torch CPU threads (0 = torch's default)."""
+    """``steps`` optimizer steps; ``threads`` torch CPU threads (0 = torch's default);
+    ``stop_grace_s``: after a SIGTERM / SIGINT, how long the step in progress may still run before
+    it is abandoned (`rltt.runtime.stop`; below a scheduler's usual 30 s before its KILL)."""
 
     steps: PositiveInt = 20
     threads: NonNegativeInt = 0
     max_consecutive_skips: NonNegativeInt = 3  # non-finite steps in a row (skipped, no update) before the run stops; 0 = never
+    stop_grace_s: NonNegativeFloat = 20.0  # after SIGTERM/SIGINT: seconds the step in progress may still run
 
 
 @dataclass

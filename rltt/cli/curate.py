@@ -13,11 +13,16 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``curate`` sub-command."""
+    from rltt.runtime.stop import EXIT_STOPPED
+
     parser = subparsers.add_parser(
         "curate", help="solve-rate curation: keep prompts with 0.1 <= solve rate <= 0.9 (docs/design.md §5.10)",
         description="Sample K completions per prompt with the recipe's policy, store each prompt's solve rate in "
                     "PATH (.jsonl or .parquet; a rerun resumes it), keep the band, and write the kept prompts "
                     "as a GSM8K file (PATH stem + .kept.jsonl/.parquet) and a histogram (PATH stem + .hist.png).")
+    parser.epilog = (f"SIGTERM / SIGINT: the block of prompts in flight may finish within train.stop_grace_s (else it "
+                     f"is abandoned), every finished block stays in PATH, and the command exits with status "
+                     f"{EXIT_STOPPED}; run the same command again to continue. A second signal exits at once.")
     parser.add_argument("recipe", metavar="RECIPE.yaml", help="train recipe: policy, sampling, rewards, data")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     parser.add_argument("--out", required=True, metavar="PATH", help="records file: .jsonl or .parquet")

@@ -1,7 +1,9 @@
 """`rltt` command line: one sub-command per module in rltt.cli.
 
 Each sub-command module exposes ``register(subparsers)``, which adds its parser and sets
-``func`` (called with the parsed namespace, returning an exit code).
+``func`` (called with the parsed namespace, returning an exit code). Exit codes: 0 done, 2 a
+one-line error, `rltt.runtime.stop.EXIT_STOPPED` (75) stopped by SIGTERM / SIGINT with the
+work kept (``--resume`` continues it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ COMMANDS = {
 
 
 from rltt.errors import RlttError
+from rltt.runtime.stop import EXIT_STOPPED, Stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args) or 0)
+    except Stopped as stopped:  # SIGTERM / SIGINT: the work is kept (rltt.runtime.stop)
+        print(f"rltt {args.command}: {stopped}", file=sys.stderr)
+        return EXIT_STOPPED
     except (RlttError, FileNotFoundError) as exc:
         msg = exc.args[0] if exc.args else str(exc)
         print(f"rltt {args.command}: error: {msg}", file=sys.stderr)

@@ -8,6 +8,10 @@ from rltt.lm_training.stage_loop import StageResult
 
 
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
+    from rltt.runtime.stop import help_text
+
+    parser.epilog = help_text() + (" One run at a time per logging.run_dir (a second one is refused: the folder is "
+                                   "locked).")
     parser.add_argument("recipe", metavar="RECIPE.yaml", help="stage recipe (YAML)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted recipe overrides, e.g. train.steps=100 optim.lr=1e-3")

@@ -11,10 +11,14 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from rltt.runtime.stop import help_text
+
     parser = subparsers.add_parser(
         "train", help="RL post-training (e.g. recipes/quickstart.yaml, recipes/gsm8k.yaml)",
         description="prompts -> rollouts -> rewards -> advantages -> learner updates -> weight sync; metrics in "
-                    "RUN_DIR/metrics.jsonl, checkpoints in RUN_DIR/checkpoints, a health review at the end.")
+                    "RUN_DIR/metrics.jsonl, checkpoints in RUN_DIR/checkpoints, a health review at the end. "
+                    "One run at a time per RUN_DIR (a second one is refused: the folder is locked).",
+        epilog=help_text())
     parser.add_argument("recipe", metavar="RECIPE.yaml", help="train recipe (YAML)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. train.steps=50 learner.lr=1e-5 rollout.group_size=4")

@@ -7,7 +7,10 @@ prompt with its own seed, `prompt_seed` (the recipe seed and the prompt id — n
 position or the batch; ``SamplingParams.prompt_seeds``), scored with the reward runner, and the
 block's records are appended to the output journal at once. A killed run therefore loses at
 most the block in flight, and a rerun skips every recorded prompt and samples the rest exactly
-as the uninterrupted run would have (the blocks are fixed by source position). At the end it writes the full output in source order, the kept (in-band) set as a GSM8K
+as the uninterrupted run would have (the blocks are fixed by source position). SIGTERM /
+SIGINT (`rltt.runtime.stop`) lets the block in flight finish within ``stop_grace_s`` (else it is
+abandoned), keeps every appended block and raises `Stopped`: rerunning the same command
+continues there. At the end it writes the full output in source order, the kept (in-band) set as a GSM8K
 file, and a solve-rate histogram PNG.
 
 Files, for ``--out curated.jsonl`` (or ``curated.parquet``):
@@ -37,6 +40,7 @@ from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.prompt_stream import make_task
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.runtime.paths import check_output_file
+from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
 
 #: The fields of one output record.
 RECORD_FIELDS = ("id", "question", "answer", "prompt", "solve_rate", "rewards", "solved", "mean_exit_step",
@@ -131,6 +135,7 @@ class CurationJob:
     fingerprint: dict = field(default_factory=dict)
     progress: bool = True
     rows_per_call: int = 64  # completions per generate call (whole prompts; at least one prompt)
+    stop_grace_s: float = 20.0  # after SIGTERM/SIGINT: seconds the block in flight may still run
 
     def inputs(self) -> dict[str, str]:
         """What the outputs must not overwrite: the data source (when it is a local path)."""
@@ -306,10 +311,17 @@ def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner
     blocks: dict[int, list[dict]] = {}
     for record in pending:
         blocks.setdefault(position[record["id"]] // job.prompts_per_call, []).append(record)
-    with bar:
+    with bar, StopSignals(job.stop_grace_s, "rltt curate") as stop:
         for block in blocks.values():
-            news = _sample_prompts(job, block, engine, encode, decode, runner, digest)
-            journal.append(news)
+            if stop.requested:  # every finished block is in the journal already
+                raise _stopped(stop, len(done), paths)
+            try:
+                with stop.step():
+                    news = _sample_prompts(job, block, engine, encode, decode, runner, digest)
+                    commit()  # the block's records are appended whole
+                    journal.append(news)
+            except StepAbandoned:
+                raise _stopped(stop, len(done), paths) from None
             for new in news:
                 done[new["id"]] = new
                 order.append(new["id"])
@@ -326,6 +338,11 @@ def run_curation(job: CurationJob, engine: RolloutEngine, encode, decode, runner
     plot_histogram(paths.histogram, solve_rate_bins(result.solve_rates, job.samples, job.band), job.band,
                    title=f"solve rate over {job.samples} samples: {len(result.kept)}/{len(records)} kept")
     return result
+
+
+def _stopped(stop: StopSignals, finished: int, paths: CurationPaths) -> Stopped:
+    return Stopped("rltt curate", stop.signame or "a signal", finished, None, "run the same command again to continue",
+                   progress=f"with {finished} prompts curated (kept in {paths.journal})")
 
 
 def _write_outputs(paths: CurationPaths, records: list[dict], journal: RecordJournal, rewrite: bool) -> None:

@@ -102,7 +102,8 @@ def curate_recipe(recipe: TrainRecipe, out: str | Path, *, samples: int | None =
         raise RlttError(f"--samples: must be >= 1, got {samples}")
     records = curation_records(source, split, limit if limit is not None else recipe.data.limit, recipe.data.seed)
     job = CurationJob(source=source_label(source), records=records, out=out, samples=samples, band=band or Band(),
-                      kept=kept, template=recipe.data.prompt_template, seed=recipe.seed, progress=progress)
+                      kept=kept, template=recipe.data.prompt_template, seed=recipe.seed, progress=progress,
+                      stop_grace_s=recipe.train.stop_grace_s)
     check_existing_output(job)  # a bad existing output fails before the model loads
     with RecipePolicy.load(recipe, recipe_root, model) as policy:
         job.template = recipe_prompt_renderer(recipe.data, policy.tokenizer)

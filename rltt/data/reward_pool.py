@@ -31,6 +31,8 @@ from rltt.errors import RlttError
 
 #: How long a fresh worker may take to import the reward files.
 START_TIMEOUT_S = 120.0
+#: imported by the forkserver before it forks a worker: it ignores SIGTERM (see the module)
+FORKSERVER_PRELOAD = "rltt.data.forkserver_init"
 
 
 def as_score(value: Any) -> tuple[float | None, str | None]:
@@ -65,6 +67,8 @@ def _die_with_parent() -> None:
 
 def _worker_main(conn: Connection, specs: list[tuple[str, str | None]]) -> None:
     _die_with_parent()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C reaches the whole process group: the run
+        signal.signal(signum, signal.SIG_IGN)       # stops (rltt.runtime.stop); its pool stops the workers
     from rltt.data.reward_fns import load_reward_fn
 
     try:
@@ -125,6 +129,8 @@ class RewardPool:
         self.specs = list(specs)
         self.size = max(1, int(workers))
         self._ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        if self._ctx.get_start_method() == "forkserver":  # applies when the forkserver starts (once a process)
+            self._ctx.set_forkserver_preload([FORKSERVER_PRELOAD])
         self._workers: list[_Worker] = []
         self.restarts = 0
 

@@ -87,6 +87,19 @@ def chunked_forward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     return target_logit - lse_kept, lse, entropy, lse_kept
 
 
+def _accumulate(g, w, h, targets, grad_lp, inv_temp, start, end, grad_h, grad_w) -> None:
+    """Finish one vocabulary chunk's logit gradient ``g`` (the target's +grad_lp, the temperature)
+    and add its share to the hidden and weight gradients (None: not needed)."""
+    inside = ((targets >= start) & (targets < end)).nonzero().squeeze(1)
+    if inside.numel():
+        g.index_put_((inside, targets[inside] - start), grad_lp[inside], accumulate=True)
+    g.mul_(inv_temp)
+    if grad_h is not None:
+        grad_h.addmm_(g, w)
+    if grad_w is not None:
+        grad_w[start:end] = g.T @ h
+
+
 def chunked_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_temp,
                      chunk_size, need_hidden: bool, need_weight: bool, floor=None, thr=None, lse_kept=None):
     """Gradients (fp32 for hidden, weight.dtype for weight) by recomputing chunk logits."""
@@ -107,14 +120,7 @@ def chunked_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_te
         # g = -p * (glp + gent * (log p + H)), reusing logp's storage for the bracket
         bracket = logp.add_(ent_col).mul_(gent_col).add_(glp_col)
         g = p.mul_(bracket).neg_()
-        inside = ((targets >= start) & (targets < end)).nonzero().squeeze(1)
-        if inside.numel():
-            g.index_put_((inside, targets[inside] - start), grad_lp[inside], accumulate=True)
-        g.mul_(inv_temp)
-        if need_hidden:
-            grad_h.addmm_(g, w)
-        if need_weight:
-            grad_w[start:end] = g.T @ h
+        _accumulate(g, w, h, targets, grad_lp, inv_temp, start, end, grad_h, grad_w)
     return grad_h, grad_w
 
 
@@ -132,14 +138,7 @@ def _truncated_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv
         logp = z.sub_(lse[:, None])
         p = torch.exp(logp)
         g = (p * (logp + entropy[:, None]) * grad_ent[:, None]).add_(p_kept * grad_lp[:, None]).neg_()
-        inside = ((targets >= start) & (targets < end)).nonzero().squeeze(1)
-        if inside.numel():
-            g.index_put_((inside, targets[inside] - start), grad_lp[inside], accumulate=True)
-        g.mul_(inv_temp)
-        if need_hidden:
-            grad_h.addmm_(g, w)
-        if need_weight:
-            grad_w[start:end] = g.T @ h
+        _accumulate(g, w, h, targets, grad_lp, inv_temp, start, end, grad_h, grad_w)
     return grad_h, grad_w
 
 

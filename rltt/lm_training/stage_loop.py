@@ -5,6 +5,12 @@ tokenizer, and runs AdamW (linear warmup → cosine), gradient clipping, fp32 or
 per-step telemetry (``metrics.jsonl``), the gate-collapse alarm, periodic evaluation and
 atomic checkpoints; with ``resume=True`` it continues from the newest checkpoint exactly as
 the uninterrupted run would have.
+
+SIGTERM / SIGINT (`rltt.runtime.stop`): the step in progress finishes within
+``train.stop_grace_s`` (before its optimizer step it may be abandoned), the last completed step
+is checkpointed, the metrics are flushed and the run raises `Stopped`; ``--resume`` continues
+from that step. The run holds an OS lock on ``logging.run_dir`` for its lifetime
+(`rltt.runtime.run_lock`): a second run on the folder is refused before it writes anything.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from rltt.lm_training.held_out import held_out_metrics, solve_metrics, solve_rat
 from rltt.lm_training.losses import batch_loss
 from rltt.runtime.device import pick_device
 from rltt.runtime.paths import check_run_dir
+from rltt.runtime.run_lock import RunLock
+from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
 from rltt.lm_training.stage_recipe import StageRecipe
 from rltt.lm_training.lr_schedule import warmup_cosine
 from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema, truncate_metrics
@@ -82,6 +90,15 @@ class StageRun:
         self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {
             "data.source": recipe.data.source, "tokenizer.path": recipe.tokenizer.path,
             "model.dense_path": getattr(recipe.model, "dense_path", None), "the recipe file": recipe_file})
+        self.lock = RunLock.acquire(self.run_dir, "logging.run_dir")  # one writer: refused before any write
+        try:
+            self._setup(build, resume)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self, build: Builder, resume: bool) -> None:
+        recipe = self.recipe
         if resume:
             ckpt.require_run(self.run_dir, "logging.run_dir")
         ckpt.clean_stale(self.run_dir, self.run_dir / ckpt.CHECKPOINTS)  # what killed writes left
@@ -110,8 +127,10 @@ class StageRun:
         self.alarm = CollapseAlarm(a.p1_threshold, a.patience, a.min_step)
         self.guard = guard.NonFiniteGuard(self.run_dir, t.max_consecutive_skips, ALARMS_FILE)
         self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
+        self.saved_step = -1  # the step of the newest checkpoint written or resumed from
         if resume_from is not None:
             self._load_state(ckpt.load_trainer_state(resume_from))
+            self.saved_step = self.step
         self.autocast = (partial(torch.autocast, self.device.type, dtype=torch.bfloat16)
                          if recipe.model.dtype == "bf16" else nullcontext)
         self.held_out = held_out_batches(self.sources, self.tokenizer, recipe.data, t.batch_size,
@@ -142,8 +161,31 @@ class StageRun:
 
     def save(self) -> Path:
         c = self.recipe.checkpoint
-        return ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, self._state(),
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, self._state(),
                                     to_dict(self.recipe), keep_last=c.keep_last, keep_every=c.keep_every)
+        self.saved_step = self.step
+        return path
+
+    def _position(self) -> dict:
+        """What a step changes before its optimizer step (restored when the step is abandoned)."""
+        return {"packer": self.packer.state_dict(), "rng": ckpt.rng_state(), "tokens_seen": self.tokens_seen,
+                "elapsed": self.elapsed}
+
+    def _abandoned(self, position: dict) -> None:
+        """Back to the last completed step: its data position, RNG and counters; no gradients."""
+        self.packer.load_state_dict(position["packer"])
+        ckpt.set_rng_state(position["rng"])
+        self.tokens_seen, self.elapsed = position["tokens_seen"], position["elapsed"]
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _stopped(self, stop: StopSignals) -> Stopped:
+        """Checkpoint the last completed step (unless it has one), flush the metrics, say so."""
+        path = None
+        if self.step > 0:
+            path = self.save() if self.saved_step != self.step else ckpt.checkpoint_dir(self.run_dir, self.step)
+        self.logger.close()
+        resume = "continue it with --resume" if self.step > 0 else "nothing to keep yet: --resume starts it afresh"
+        return Stopped(f"rltt {self.stage}", stop.signame or "a signal", self.step, path, resume)
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -163,6 +205,7 @@ class StageRun:
             results.append(loss)
             probs.append(exit_probs.detach().float().reshape(exit_probs.shape[0], -1))
             self.tokens_seen += batch.numel()
+        commit()  # from the optimizer step on, a stop signal lets the step finish (rltt.runtime.stop)
         norms = grad_norms(self.model)
         reason = guard.check([r.loss for r in results], self.model)
         if reason is None:
@@ -212,39 +255,58 @@ class StageRun:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, on_step: Callable[[int, dict], None] | None = None) -> StageResult:
-        t, e, c = self.recipe.train, self.recipe.eval, self.recipe.checkpoint
-        log_every = self.recipe.logging.every
-        bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not self.recipe.logging.progress,
-                   dynamic_ncols=True)
+        try:
+            self._run(on_step)
+            return self.finish()
+        finally:
+            self.lock.release()
+
+    def _run(self, on_step: Callable[[int, dict], None] | None) -> None:
+        t = self.recipe.train
+        self.bar = tqdm(total=t.steps, initial=self.step, desc=self.stage, disable=not self.recipe.logging.progress,
+                        dynamic_ncols=True)
         # tiny Adam second moments and gate gradients turn denormal and slow CPU math ~10x: flush
         # them for the run only (the setting is process-wide; other code in the process keeps IEEE)
         flush = self.device.type == "cpu" and torch.set_flush_denormal(True)
         try:
-            while self.step < t.steps:
-                metrics = self.train_step()
-                record: dict = {}
-                if self.step % log_every == 0 or self.step == t.steps:
-                    record.update(metrics)
-                    record[schema.MEMORY_PEAK_GB] = peak_memory_gb(self.device)
-                    self._alarm(metrics)
-                if self.step % e.every == 0 or self.step == t.steps:
-                    record.update(self.evaluate())
-                if record:
-                    self.logger.log(self.step, record)
-                self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics[schema.LM_LOSS]:.3f}", p1=f"{metrics[schema.exit_p_key(1)]:.2f}",
-                                Et=f"{metrics[schema.EXIT_MEAN_STEP]:.2f}")
-                if (c.every and self.step % c.every == 0) or (self.step == t.steps and c.save_final):
-                    self.save()
-                if on_step is not None:
-                    on_step(self.step, metrics)
+            with StopSignals(t.stop_grace_s, f"rltt {self.stage}") as stop:
+                while self.step < t.steps:
+                    if stop.requested:  # at a step boundary
+                        raise self._stopped(stop)
+                    position = self._position()
+                    try:
+                        with stop.step():
+                            self._loop_step(on_step)
+                    except StepAbandoned:  # before its optimizer step: the model holds the last completed step
+                        self._abandoned(position)
+                        raise self._stopped(stop) from None
         finally:
             if flush:
                 torch.set_flush_denormal(False)
-            bar.close()
+            self.bar.close()
             self.logger.close()
-        return self.finish()
+
+    def _loop_step(self, on_step: Callable[[int, dict], None] | None) -> None:
+        """One step with its logging, evaluation, alarm and checkpoint."""
+        t, e, c = self.recipe.train, self.recipe.eval, self.recipe.checkpoint
+        metrics = self.train_step()
+        record: dict = {}
+        if self.step % self.recipe.logging.every == 0 or self.step == t.steps:
+            record.update(metrics)
+            record[schema.MEMORY_PEAK_GB] = peak_memory_gb(self.device)
+            self._alarm(metrics)
+        if self.step % e.every == 0 or self.step == t.steps:
+            record.update(self.evaluate())
+        if record:
+            self.logger.log(self.step, record)
+        self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{metrics[schema.LM_LOSS]:.3f}", p1=f"{metrics[schema.exit_p_key(1)]:.2f}",
+                             Et=f"{metrics[schema.EXIT_MEAN_STEP]:.2f}")
+        if (c.every and self.step % c.every == 0) or (self.step == t.steps and c.save_final):
+            self.save()
+        if on_step is not None:
+            on_step(self.step, metrics)
 
     def finish(self) -> StageResult:
         """Write ``RUN_DIR/final`` (model + tokenizer + recipe) and ``summary.json``."""

@@ -18,6 +18,14 @@ reduced across ranks, each rank evaluates its share of the held-out chunks, and 
 writes metrics and checkpoints. The loop knows no backend: the learner gathers, shards and
 saves its own state (`Learner.save` / `load` / `rollout_state_dict`).
 
+SIGTERM / SIGINT (`rltt.runtime.stop`): the step in progress finishes within
+``train.stop_grace_s`` (or, not yet committed to its update, is abandoned), the last completed
+step is checkpointed, the metrics are flushed and the run raises `Stopped` (``rltt train``
+exits with `EXIT_STOPPED`); ``--resume`` continues from that step. Under torchrun the ranks
+agree on the stop at each step boundary (one reduction) and all stop at the same step. A run
+holds an OS lock on its run directory (`rltt.runtime.run_lock`; rank 0 or the Ray driver): a
+second run on the folder is refused before it writes anything.
+
 The loop takes its parts from an orchestration (`ORCHESTRATIONS`, chosen by
 ``orchestration.backend``): ``local`` builds them in this process, ``ray`` on Ray actors; the
 loop, its checkpoints (`CheckpointSaver`) and its evaluation (`HeldOutEvaluator`) are the same.
@@ -45,9 +53,11 @@ from rltt.orchestration.ray.driver import RAY
 from rltt.orchestration.saver import STATE_FILE, CheckpointSaver
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.planning.plan import plan_here
-from rltt.runtime.checkpoint import clean_stale, require_run, rng_state, set_rng_state
+from rltt.runtime.checkpoint import checkpoint_dir, clean_stale, require_run, rng_state, set_rng_state
 from rltt.runtime.guard import NonFiniteGuard
 from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
+from rltt.runtime.run_lock import RunLock
+from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
 from rltt.telemetry import MetricsLogger, truncate_metrics
 from rltt.telemetry import schema as m
 
@@ -79,6 +89,21 @@ class Trainer:
         self.ranks = self.orchestration.ranks(r)
         self.run_dir = check_run_dir(r.logging.run_dir, "logging.run_dir", {  # never over an input
             "data.source": r.data.source, "data.eval_source": r.data.eval_source, "model.path": r.model.path})
+        self.runner: RewardRunner | None = None
+        self.parts: RunParts | None = None
+        self.logger = None  # rank 0's
+        self.saved_step = -1  # the step of the newest checkpoint this trainer wrote or resumed from
+        # one writer per run directory (rank 0 / the Ray driver): a second run is refused here,
+        # before it writes anything
+        self.lock = RunLock.acquire(self.run_dir, "logging.run_dir") if self.ranks.main else None
+        try:
+            self._setup(resume, recipe_root, restarts)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, resume: bool, recipe_root: Path | None, restarts: int) -> None:
+        r = self.recipe
         if resume:
             require_run(self.run_dir, "logging.run_dir", STATE_FILE)
         if not resume and (self.run_dir / "metrics.jsonl").exists():
@@ -97,35 +122,29 @@ class Trainer:
             torch.set_num_threads(r.train.threads)
         self.model_path = resolve_model_path(r.model.path)
         self.runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in r.rewards], root=recipe_root)
-        self.parts: RunParts | None = None
-        try:
-            self.parts = self.orchestration.build(r, self.model_path, self.run_dir, self.ranks, restarts)
-            self.tokenizer, self.engine, self.learner = self.parts.tokenizer, self.parts.engine, self.parts.learner
-            encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
-            template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
-            self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
-            self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
-                                         r.data.eval_split, r.data.eval_size, r.data.seed)
-            self._check_prompt_lengths()
-            self._limit_prompts()
-            thinking = thinking_budget(r.rollout.thinking, self.tokenizer)
-            self.training = self.parts.step(r, self.engine, self.learner, self.prompts, self.runner,
-                                            self.tokenizer.decode, stop_ids(self.tokenizer),
-                                            self.tokenizer.pad_token_id or 0, self.ranks, thinking)
-            self.evaluate = HeldOutEvaluator(r, self.engine, self.eval_tasks, self.tokenizer, self.runner,
-                                             self.ranks, thinking)
-            self.saver = CheckpointSaver(self.run_dir, r, self.ranks, self.tokenizer, self.learner)
-            self.step = 0
-            self.first_eval: float | None = None
-            main = self.ranks.main  # every rank counts the skips (their verdicts agree), rank 0 writes them
-            self.guard = NonFiniteGuard(self.run_dir if main else None, r.train.max_consecutive_skips, ALARMS_FILE,
-                                        warn=main)
-            if resume:
-                self._resume()
-        except BaseException:
-            self.close()
-            raise
-        self.logger = None  # rank 0's
+        self.parts = self.orchestration.build(r, self.model_path, self.run_dir, self.ranks, restarts)
+        self.tokenizer, self.engine, self.learner = self.parts.tokenizer, self.parts.engine, self.parts.learner
+        encode = lambda text: self.tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+        template = recipe_prompt_renderer(r.data, self.tokenizer)  # plain or chat, as eval and curate
+        self.prompts = PromptStream(r.data.source, encode, template, r.data.split, r.data.limit, r.data.seed)
+        self.eval_tasks = eval_tasks(r.data.eval_source, r.data.source, encode, template,
+                                     r.data.eval_split, r.data.eval_size, r.data.seed)
+        self._check_prompt_lengths()
+        self._limit_prompts()
+        thinking = thinking_budget(r.rollout.thinking, self.tokenizer)
+        self.training = self.parts.step(r, self.engine, self.learner, self.prompts, self.runner,
+                                        self.tokenizer.decode, stop_ids(self.tokenizer),
+                                        self.tokenizer.pad_token_id or 0, self.ranks, thinking)
+        self.evaluate = HeldOutEvaluator(r, self.engine, self.eval_tasks, self.tokenizer, self.runner,
+                                         self.ranks, thinking)
+        self.saver = CheckpointSaver(self.run_dir, r, self.ranks, self.tokenizer, self.learner)
+        self.step = 0
+        self.first_eval: float | None = None
+        main = self.ranks.main  # every rank counts the skips (their verdicts agree), rank 0 writes them
+        self.guard = NonFiniteGuard(self.run_dir if main else None, r.train.max_consecutive_skips, ALARMS_FILE,
+                                    warn=main)
+        if resume:
+            self._resume()
         if self.ranks.main:
             (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
             self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)
@@ -170,13 +189,18 @@ class Trainer:
 
     def close(self) -> None:
         """Release what the parts hold (reward workers; engines and learners with processes or
-        actors of their own; what the orchestration started)."""
-        self.runner.close()
-        parts, self.parts = self.parts, None
-        if parts is not None:
-            parts.engine.close()
-            parts.learner.close()
-            parts.release()
+        actors of their own; what the orchestration started), then the run directory's lock."""
+        try:
+            if self.runner is not None:
+                self.runner.close()
+            parts, self.parts = self.parts, None
+            if parts is not None:
+                parts.engine.close()
+                parts.learner.close()
+                parts.release()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def train_step(self, step: int) -> dict:
         """One RL step (`TrainingStep`): its metrics, with the guard's count; a skipped update is
@@ -192,9 +216,12 @@ class Trainer:
         return {"step": self.step, "prompts": self.prompts.state_dict(), "rng": rng_state(),
                 "first_eval": self.first_eval, "guard": self.guard.state_dict(), **self.training.state_dict()}
 
-    def save(self) -> Path:
-        """Checkpoint the last completed step atomically (a collective under torchrun)."""
-        return self.saver.save(self.step, self.loop_state())
+    def save(self, state: dict | None = None) -> Path:
+        """Checkpoint the last completed step atomically (a collective under torchrun);
+        ``state``: the loop state to keep (default: the loop's now)."""
+        path = self.saver.save(self.step, self.loop_state() if state is None else state)
+        self.saved_step = self.step
+        return path
 
     def learner_model(self):
         """The policy the learner trains (a `LoopedForCausalLM`; in this process only)."""
@@ -205,6 +232,7 @@ class Trainer:
         if found is None:
             return
         ckpt, state = found
+        self.saved_step = state["step"]
         self.learner.load(ckpt)
         self.prompts.load_state_dict(state["prompts"])
         set_rng_state(state["rng"])
@@ -217,43 +245,68 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> RunResult:
+        stopped = False
         try:
-            return self._run()
+            # installed here, after the parts are built (ray.init installs a SIGTERM handler of its own)
+            with StopSignals(self.recipe.train.stop_grace_s, "rltt train", abandon=self.ranks.world == 1) as stop:
+                return self._run(stop)
+        except Stopped:
+            stopped = True
+            raise
         finally:
             if self.logger is not None:
                 self.logger.close()
             self.close()
+            if stopped:
+                self.ranks.close()  # every rank stopped at the same step: the group ends together
 
-    def _run(self) -> RunResult:
+    def _stop_agreed(self, stop: StopSignals) -> bool:
+        """Whether any rank was asked to stop (one reduction at each step boundary under torchrun)."""
+        if self.ranks.world == 1:
+            return stop.requested
+        return bool(self.ranks.reduce({"stop": int(stop.requested)}, "max")["stop"])
+
+    def _stopped(self, stop: StopSignals, state: dict | None = None) -> Stopped:
+        """Keep the last completed step (a checkpoint, unless it has one already), flush the
+        metrics, and say so. ``state``: the loop state as that step left it (after an abandoned
+        step; default: now)."""
+        ckpt = None
+        if self.step > 0:
+            if self.saved_step != self.step:
+                self.save(state)
+            ckpt = checkpoint_dir(self.run_dir, self.step)
+        if self.logger is not None:
+            self.logger.close()
+        resume = "continue it with --resume" if self.step > 0 else "nothing to keep yet: --resume starts it afresh"
+        return Stopped("rltt train", stop.signame or "another rank's signal", self.step, ckpt, resume)
+
+    def _run(self, stop: StopSignals) -> RunResult:
         from tqdm import tqdm
 
         r = self.recipe
         final_eval = None
         main = self.ranks.main
         if self.step == 0 and r.train.eval_every > 0:
-            ev = self.evaluate()
+            try:
+                with stop.step():
+                    ev = self.evaluate()
+            except StepAbandoned:
+                raise self._stopped(stop) from None
             if main:
                 self.first_eval = ev["eval/solve_rate"]
                 self.logger.log(0, ev)
         bar = tqdm(range(self.step, r.train.steps), initial=self.step, total=r.train.steps, desc="rltt train",
                    disable=not (r.logging.progress and main), dynamic_ncols=True)
         for _ in bar:
-            self.step += 1
-            metrics = self.train_step(self.step)
-            last = self.step == r.train.steps
-            if r.train.eval_every > 0 and (self.step % r.train.eval_every == 0 or last):
-                metrics.update(self.evaluate())
-                final_eval = metrics.get("eval/solve_rate")
-            if main:
-                self.logger.log(self.step, metrics)
-            self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
-            bar.set_postfix(reward=f"{metrics[m.REWARD_MEAN]:.2f}", kl=f"{metrics.get(m.KL_REF, 0):.1e}")
-            if (r.checkpoint.every and self.step % r.checkpoint.every == 0) or (last and r.checkpoint.save_final):
-                self.save()
-            if r.logging.review_every and main:
-                from rltt.telemetry import maybe_review
-
-                maybe_review(self.run_dir, self.step, r.logging.review_every)
+            if self._stop_agreed(stop):  # at a step boundary: every rank stops after the same step
+                raise self._stopped(stop)
+            before = self.loop_state() if stop.abandon else None  # the last completed step's loop state
+            try:
+                with stop.step():
+                    final_eval = self._loop_step(bar, final_eval)
+            except StepAbandoned:  # before its update: the learner still holds the last completed step
+                self.step = before["step"]
+                raise self._stopped(stop, before) from None
         if main:
             self.logger.close()
             if r.logging.review_at_end:
@@ -262,6 +315,30 @@ class Trainer:
                 maybe_review(self.run_dir, self.step, 0, final=True)
         self.ranks.barrier()  # the ranks finish together, after rank 0's review
         return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
+
+    def _loop_step(self, bar, final_eval: float | None) -> float | None:
+        """One step: the training step (abandonable until its update commits it), then its
+        evaluation, metrics, checkpoint and review; the newest held-out solve rate."""
+        r = self.recipe
+        main = self.ranks.main
+        self.step += 1
+        metrics = self.train_step(self.step)
+        commit()  # (the training step commits at its update): evaluation, metrics and checkpoint finish
+        last = self.step == r.train.steps
+        if r.train.eval_every > 0 and (self.step % r.train.eval_every == 0 or last):
+            metrics.update(self.evaluate())
+            final_eval = metrics.get("eval/solve_rate")
+        if main:
+            self.logger.log(self.step, metrics)
+        self.guard.check_stop(self.step)  # K skipped steps in a row: stop before their checkpoint
+        bar.set_postfix(reward=f"{metrics[m.REWARD_MEAN]:.2f}", kl=f"{metrics.get(m.KL_REF, 0):.1e}")
+        if (r.checkpoint.every and self.step % r.checkpoint.every == 0) or (last and r.checkpoint.save_final):
+            self.save()
+        if r.logging.review_every and main:
+            from rltt.telemetry import maybe_review
+
+            maybe_review(self.run_dir, self.step, r.logging.review_every)
+        return final_eval
 
 
 def train(recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None) -> tuple[RunResult, Trainer]:

@@ -8,6 +8,10 @@ trainer; `rltt.orchestration.trainer.train` rebuilds the parts and resumes from 
 checkpoint, up to ``orchestration.ray.learner_restarts`` times.
 
 ``RUN_DIR/cluster.json`` lists every actor (role, node, pid, restarts) as the run goes.
+
+The driver process holds the run directory's lock and handles SIGTERM / SIGINT like any
+`rltt train` (`rltt.runtime.stop`): after the checkpoint of the last completed step it closes
+the pool and the learner group and shuts down the local cluster it started (`RunParts.release`).
 """
 
 from __future__ import annotations
