@@ -38,7 +38,7 @@ def rl_summary(run_dir: Path) -> dict:
     """What the findings read from one RL run's metrics.jsonl."""
     records = read_records(run_dir)
     _, solve = series(records, "eval/solve_rate")
-    _, exit_eval = series(records, "eval/exit_step_mean")
+    _, exit_eval = series(records, "eval/compute/mean_exit")  # read_metrics renames an older run's eval/exit_step_mean
     train = [r for r in records if r["step"] > 0 and "reward/mean" in r]
     late = train[len(train) // 2:]
     _, kl = series(train, "kl/ref")

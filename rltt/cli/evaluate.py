@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--source", default=None, metavar="DATA", help="eval data (default: data.eval_source)")
     parser.add_argument("--split", default=None, help="eval split (default: data.eval_split)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="prompts (default: data.eval_size)")
+    parser.add_argument("--exit-policy", default=None, metavar="POLICY",
+                        help="exit policy to score with: final | fixed:k | threshold:q | sample (default: "
+                             "train.eval_exit_policy, else rollout.exit_policy); the mean exit step and passes "
+                             "per token it took are reported beside the solve rate")
     parser.add_argument("--out", default=None, metavar="JSON",
                         help="also write the result object (summary and per-problem counts), e.g. RUN_DIR/eval.json")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
@@ -100,6 +104,20 @@ def _run_results(args: argparse.Namespace, reps: int, permutations: int) -> int:
     return 0
 
 
+def _with_exit_policy(recipe, spec: str | None):
+    """``recipe`` sampling with the exit policy of the evaluation: ``spec`` (--exit-policy), else
+    `eval_exit_policy` (train.eval_exit_policy, else the rollout's)."""
+    from dataclasses import replace
+
+    from rltt.model.exits import ExitPolicy
+    from rltt.orchestration.policy import eval_exit_policy
+
+    if spec is not None:
+        ExitPolicy.parse(spec, None, field="--exit-policy")  # a bad policy is one line before the model loads
+    policy = spec if spec is not None else eval_exit_policy(recipe)
+    return replace(recipe, rollout=replace(recipe.rollout, exit_policy=policy))
+
+
 def _run_recipe(args: argparse.Namespace, reps: int) -> int:
     from rltt.curation.recipes import evaluate_recipe
     from rltt.evaluation.results import ProblemCounts, result_object, summary_lines
@@ -107,20 +125,25 @@ def _run_recipe(args: argparse.Namespace, reps: int) -> int:
 
     # --json: stdout carries the one JSON object; what loading prints (library banners) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        recipe = load_train_recipe(args.recipe, args.overrides)
+        recipe = _with_exit_policy(load_train_recipe(args.recipe, args.overrides), args.exit_policy)
         report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit,
                                  source=args.source, temperature=args.temperature,
                                  recipe_root=Path(args.recipe).resolve().parent, model=args.model)
     base = report.to_dict()
     counts = ProblemCounts.from_rates(base["per_task"], report.samples, report.model)
+    passes = report.result.passes_per_token
     meta = {**base, "seed": recipe.seed, "engine": recipe.rollout.engine, "schedule": recipe.rollout.schedule,
-            "exit_policy": recipe.rollout.exit_policy}
+            "exit_policy": recipe.rollout.exit_policy, "passes_per_token": passes}
     obj = result_object(meta, counts, reps, args.stats_seed)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(obj, indent=1) + "\n")
-    lines = [report.summary(), *summary_lines(obj["summary"])]
+    shown = recipe.rollout.exit_policy or "the model's own"
+    lines = [report.summary(),
+             f"exit policy {shown}: mean exit step {report.result.mean_exit_step:.3f}, passes/token "
+             + (f"{passes:.3f} ({recipe.rollout.schedule} schedule)" if passes is not None else "not counted"),
+             *summary_lines(obj["summary"])]
     if args.out:
         lines.append(f"written: {args.out}")
     _emit(obj, lines, args.json)

@@ -33,9 +33,9 @@ from rltt.errors import ConfigError
 from rltt.learner.backends import BACKENDS, make_backend
 from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
-from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss
+from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss, sampler_logprob
 from rltt.learner.scoring import score_tokens, unwrap
-from rltt.objectives import kl_estimate, policy_logprob
+from rltt.objectives import exit_choice_logprob, kl_estimate, policy_logprob
 from rltt.runtime.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
 from rltt.telemetry import schema as m
@@ -50,14 +50,18 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 class _LoopTelemetry:
     """Per-loop entropy, exit distribution and sampler–learner mismatch over a batch's micro-batches
-    (scored at the rollout weights)."""
+    (scored at the rollout weights). The mismatch compares the ``exit`` log-prob — with
+    ``algo.exit_action`` the joint one, exit log-prob included — with the sampler's."""
 
-    def __init__(self):
+    def __init__(self, algo: AlgorithmConfig):
+        self.algo = algo
         self.exit_lps, self.entropies, self.exits = [], [], []
 
     def add(self, scores) -> None:
-        self.exit_lps.append(scores.to_rows(
-            policy_logprob("exit", scores.logprobs.detach(), exit_steps=scores.exit_steps)))
+        lp = policy_logprob("exit", scores.logprobs.detach(), exit_steps=scores.exit_steps)
+        if self.algo.exit_action:
+            lp = lp + exit_choice_logprob(scores.exit_probs.detach(), scores.exit_steps)
+        self.exit_lps.append(scores.to_rows(lp))
         self.entropies.append(scores.entropy.detach())
         self.exits.append(scores.exit_probs.detach())
 
@@ -65,10 +69,11 @@ class _LoopTelemetry:
         """Over the global batch: with ``world`` > 1 data-parallel ranks, every rank's tokens are
         concatenated in rank order first (a collective: all ranks call it)."""
         values = {"entropy": torch.cat(self.entropies, 1).cpu().T, "exit": torch.cat(self.exits, 1).cpu().T}
-        if batch.sampler_logprobs is not None:
+        sampler = sampler_logprob(batch, self.algo)
+        if sampler is not None:
             mask = batch.target_mask.bool()
             values["learner"] = torch.cat(self.exit_lps)[mask].cpu()
-            values["sampler"] = batch.sampler_logprobs[mask].cpu()
+            values["sampler"] = sampler[mask].cpu()
         values = reduce_ranks(values, "concat", world)
         out = {}
         out.update(entropy_stats(values["entropy"].T))
@@ -165,7 +170,7 @@ class Learner:
         """The batch with ``ref_logprobs`` and, with ``policy``, ``old_logprobs``, plus the loop
         telemetry measured at the rollout weights. (With one update per batch the training pass
         itself is at the rollout weights, so ``update`` skips the policy pass here.)"""
-        olds, refs, seen = [], [], _LoopTelemetry()
+        olds, refs, seen = [], [], _LoopTelemetry(self.algo)
         self.model.eval()
         for mb in batch.micro_batches(self.micro):
             if policy:
@@ -224,7 +229,7 @@ class Learner:
         one_pass = self.algo.ppo_epochs == 1
         batch, metrics = self.prepare(batch, policy=not one_pass)
         normalizer = self._normalizer(batch)
-        seen = _LoopTelemetry()
+        seen = _LoopTelemetry(self.algo)
         applied, skipped = 0, None
         for _ in range(self.algo.ppo_epochs):
             totals: dict[str, float] = {"loss": 0.0, "policy": 0.0, "kl": 0.0}

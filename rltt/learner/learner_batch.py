@@ -17,7 +17,9 @@ class LearnerBatch:
     distribution the token was drawn from: truncated by top-k/top-p where it was), ``kept_floor``
     the kept-set floor token of that truncation (-1: none; `RolloutBatch.kept_floor`) — the learner
     renormalises its log-probs over the tokens it scores at least as high as that token
-    (docs/design.md §3.6).
+    (docs/design.md §3.6); ``sampler_exit_logprobs`` the sampler's ``log p_{t*}`` of the recorded
+    exit (`RolloutBatch.exit_logprobs`), the exit half of the joint log-prob of
+    ``algorithm.exit_action`` (docs/design.md §5.12).
 
     ``head_dtype`` is not carried here: it is the learner's setting (`LearnerConfig.lm_head_dtype`).
     """
@@ -28,6 +30,7 @@ class LearnerBatch:
     exit_steps: torch.Tensor  # (B, S) long
     advantages: torch.Tensor | None = None  # (B,) float; set once per step, before the update
     sampler_logprobs: torch.Tensor | None = None  # (B, S) float
+    sampler_exit_logprobs: torch.Tensor | None = None  # (B, S) float: the sampler's log p_{t*} (exit_action)
     old_logprobs: torch.Tensor | None = None  # (B, S) learner's log-prob at the rollout weights
     ref_logprobs: torch.Tensor | None = None  # (B, S) reference model's log-prob (for KL)
     temperature: float = 1.0
@@ -63,12 +66,15 @@ class LearnerBatch:
         exits[row, pos] = rollout.exit_steps[keep]
         sampler = torch.zeros(ids.shape, dtype=torch.float32)
         sampler[row, pos] = rollout.tempered_logprobs[keep].float()
+        sampler_exit = torch.zeros(ids.shape, dtype=torch.float32)
+        sampler_exit[row, pos] = rollout.exit_logprobs[keep].float()
         floors = None
         if rollout.kept_floor is not None and bool((rollout.kept_floor[keep] >= 0).any()):
             floors = torch.full(ids.shape, -1, dtype=torch.long)
             floors[row, pos] = rollout.kept_floor[keep]
         return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
                    advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
+                   sampler_exit_logprobs=sampler_exit,
                    temperature=rollout.params.temperature, kept_floor=floors)
 
     @classmethod
@@ -76,7 +82,8 @@ class LearnerBatch:
         """The rows of ``batches`` in order, right-padded to the widest (padding as `from_rollout`)."""
         width = max(b.input_ids.shape[1] for b in batches)
         fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1,
-                "sampler_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0, "kept_floor": -1}
+                "sampler_logprobs": 0.0, "sampler_exit_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0,
+                "kept_floor": -1}
         out = {}
         for f in fields(cls):
             values = [getattr(b, f.name) for b in batches]

@@ -9,19 +9,31 @@ import torch
 from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig
 from rltt.learner.scoring import LoopScores
-from rltt.objectives import hybrid_logprob, kl_estimate, policy_logprob, policy_loss
+from rltt.objectives import exit_choice_logprob, hybrid_logprob, kl_estimate, policy_logprob, policy_loss
 from rltt.objectives.corrections import CorrectionParams
 from rltt.objectives.policy_losses import POLICY_LOSSES
 from rltt.objectives.rl import aggregate
 
 
 def chosen_logprob(scores: LoopScores, algo: AlgorithmConfig, learned_logits: torch.Tensor | None = None):
-    """The per-token policy log-prob (N,) under ``algo.policy_logprob``."""
-    return policy_logprob(
+    """The per-token policy log-prob (N,) under ``algo.policy_logprob``; with ``algo.exit_action``
+    the joint ``log p_{t*} + log P^(t*)(y)`` of the sampled exit and token."""
+    lp = policy_logprob(
         algo.policy_logprob, scores.logprobs, scores.exit_probs, scores.exit_steps,
         omega=algo.omega, alpha=algo.omega_alpha, learned_logits=learned_logits,
         detach_weights=algo.omega_detach,
     )
+    return lp + exit_choice_logprob(scores.exit_probs, scores.exit_steps) if algo.exit_action else lp
+
+
+def sampler_logprob(batch: LearnerBatch, algo: AlgorithmConfig) -> torch.Tensor | None:
+    """The sampler's log-prob of each action (B, S), the counterpart of `chosen_logprob` for the
+    ``exit`` log-prob: its tempered ``log P^(t*)(y)``, plus its ``log p_{t*}`` with ``exit_action``."""
+    if batch.sampler_logprobs is None or not algo.exit_action:
+        return batch.sampler_logprobs
+    if batch.sampler_exit_logprobs is None:
+        raise ValueError("algorithm.exit_action: the batch has no sampler exit log-probs (RolloutBatch.exit_logprobs)")
+    return batch.sampler_logprobs + batch.sampler_exit_logprobs
 
 
 def kl_logprob(scores: LoopScores, algo: AlgorithmConfig, learned_logits=None) -> torch.Tensor:
@@ -51,10 +63,11 @@ def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_
     if old is None:  # one update per batch: this pass is at the rollout weights
         old = logp.detach()
     at_rollout = old  # the learner's log-prob at the rollout weights, what a rollout correction compares
+    sampler = sampler_logprob(batch, algo)
     if uses_hybrid(algo, batch):
         # value = the sampler's log-prob at θ_rollout, gradient = the dense gradient
-        logp = hybrid_logprob(logp, batch.sampler_logprobs, batch.old_logprobs)
-        old = batch.sampler_logprobs
+        logp = hybrid_logprob(logp, sampler, batch.old_logprobs)
+        old = sampler
     spec = POLICY_LOSSES[algo.loss]
     eps_low, eps_high = (None if key is None else getattr(algo, key) for key in spec.eps_keys)
     correct = algo.correction != "none"
@@ -63,7 +76,7 @@ def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_
         kind=algo.loss, eps_low=eps_low, eps_high=eps_high, agg=algo.aggregation, max_len=max_len,
         correction=algo.correction,
         correction_params=CorrectionParams(algo.correction_cap, algo.correction_lo, algo.correction_hi),
-        behaviour_logp=batch.sampler_logprobs if correct else None, rollout_logp=at_rollout if correct else None,
+        behaviour_logp=sampler if correct else None, rollout_logp=at_rollout if correct else None,
     )
     loss = pl.loss
     kl = torch.zeros((), device=loss.device)

@@ -49,6 +49,9 @@ class AlgorithmConfig:
     ``dynamic_sampling``: drop groups whose rewards are all equal and refill the batch.
     ``compute_cost``: λ ≥ 0, a price on compute — λ · (mean recorded exit step of a completion's
     sampled tokens) / T is subtracted from its reward before the advantages (docs/design.md §5.11).
+    ``exit_action``: the exit step is part of the action — the policy log-prob (loss, ratio, KL on
+    the policy log-prob, mismatch) is the joint log π(t*, y) = log p_{t*} + log P^(t*)(y), so the
+    gate gets a gradient (docs/design.md §5.12); needs the ``exit`` log-prob and sampled exits.
     """
 
     policy_logprob: PolicyLogprobKind = "exit"
@@ -79,6 +82,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_refills: NonNegativeInt = 4
     compute_cost: NonNegativeFloat = 0.0  # λ: the reward given up by a completion whose every token runs all T loops
+    exit_action: bool = False  # the sampled exit step is part of the action: log p_{t*} joins the policy log-prob
 
     def __post_init__(self) -> None:
         check_fields(self, "algorithm")
@@ -86,6 +90,9 @@ class AlgorithmConfig:
         if self.advantage_scale not in scales:
             raise recipe_error("algorithm.advantage_scale",
                                f"advantage {self.advantage!r} takes {' | '.join(scales)}, got {self.advantage_scale!r}")
+        if self.exit_action and self.policy_logprob != "exit":
+            raise recipe_error("algorithm.exit_action", f"needs algorithm.policy_logprob: exit (the joint log-prob "
+                                                        f"of the sampled exit and token), got {self.policy_logprob!r}")
         if self.correction_lo >= self.correction_hi:
             raise recipe_error("algorithm.correction_lo",
                                f"must be below correction_hi ({self.correction_hi:g}), got {self.correction_lo:g}")

@@ -84,3 +84,23 @@ def gate_lambda(mean_exit: float, num_loops: int) -> float:
         mean = sum((1 - lam) ** t for t in range(num_loops))
         lo, hi = (lam, hi) if mean > mean_exit else (lo, lam)
     return (lo + hi) / 2
+
+
+def exit_logprob(gate_probs: torch.Tensor, exit_steps: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``log p_{t*}`` of each token: the log-probability of its recorded exit step under the survival
+    exit distribution of its state's gates (``exit_distribution``), in fp32.
+
+    ``gate_probs`` (T, ...) λ_t, NaN where a step was never computed (the deferred schedule computes
+    λ_1..λ_{t*}, all ``p_{t*}`` needs); ``exit_steps`` (...) 1-based t*. Where ``mask`` is false (or
+    t* is 0: padding, forced tokens) the result is 0. The learner computes the same function of its
+    own gates, so at the rollout weights the two differ only by the gates' rounding."""
+    num_loops = gate_probs.shape[0]
+    p = exit_distribution(gate_probs.float())
+    steps = exit_steps.long()
+    valid = (steps >= 1) & (steps <= num_loops)
+    if mask is not None:
+        valid &= mask.bool()
+    index = torch.where(valid, steps - 1, torch.zeros_like(steps)).to(p.device)
+    chosen = p.gather(0, index.unsqueeze(0)).squeeze(0)
+    out = torch.log(chosen.clamp_min(torch.finfo(torch.float32).tiny))
+    return torch.where(valid.to(p.device), out, torch.zeros_like(out))

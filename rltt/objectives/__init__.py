@@ -20,6 +20,7 @@ from rltt.objectives.lm import (
 from rltt.objectives.logprob import (
     OMEGAS,
     POLICY_LOGPROB_KINDS,
+    exit_choice_logprob,
     hybrid_logprob,
     loop_weights,
     policy_logprob,
@@ -57,6 +58,7 @@ __all__ = [
     "PolicyLoss",
     "aggregate",
     "correction_weights",
+    "exit_choice_logprob",
     "exit_distribution",
     "exit_entropy",
     "group_advantages",

@@ -28,6 +28,7 @@ from rltt.errors import RlttError
 __all__ = [
     "OMEGAS",
     "POLICY_LOGPROB_KINDS",
+    "exit_choice_logprob",
     "hybrid_logprob",
     "loop_weights",
     "policy_logprob",
@@ -155,6 +156,18 @@ def policy_logprob(
     if mask is not None:
         out = out.masked_fill(~mask.bool(), 0.0)
     return out
+
+
+def exit_choice_logprob(exit_probs: torch.Tensor, exit_steps: torch.Tensor) -> torch.Tensor:
+    """``log p_{t*}``: the log-probability of each token's recorded exit step under its exit
+    distribution p (T, ...), differentiable in p (so in the gate), in fp32; ``exit_steps`` (...)
+    1-based. The sampler records the same function of its gates (`rltt.model.exits.exit_logprob`);
+    with the ``exit`` log-prob it makes the joint ``log π(t*, y) = log p_{t*} + log P^(t*)(y)`` of
+    ``algorithm.exit_action`` (docs/design.md §5.12). p_{t*} is clamped at the smallest normal
+    float, as in the ``mixture`` log-prob, so a vanishing p gives a finite value and gradient."""
+    index = (exit_steps.long() - 1).clamp(0, exit_probs.shape[0] - 1).to(exit_probs.device)
+    chosen = exit_probs.float().gather(0, index.unsqueeze(0)).squeeze(0)
+    return torch.log(chosen.clamp_min(torch.finfo(torch.float32).tiny))
 
 
 def hybrid_logprob(

@@ -4,6 +4,11 @@ The data path of one step: a `RolloutBatch` is scored (`score_rollout`), its adv
 computed once (`score_groups`) and travel with the rows — through the dynamic-sampling filter,
 the rollout metrics and into the learner — in a `ScoredGroups` whose `LearnerBatch` is built
 straight from the rollout's tensors (`LearnerBatch.from_rollout`).
+
+A price on compute (``algorithm.compute_cost`` = λ, `compute_penalty`) is subtracted from each
+completion's task reward before the advantages, as λ · (mean recorded exit step t* of its sampled
+tokens) / T; the task rewards, the uniform-group flags and the reward metrics stay those of the
+task alone, and the penalty travels with the rows (``ScoredGroups.compute``) for ``reward/compute``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class ScoredGroups:
     group_size: int
     task_ids: list[str] = field(default_factory=list)  # per group
     prompt_seeds: list[int] = field(default_factory=list)  # per group: the seed it was sampled with
+    compute: torch.Tensor | None = None  # (R,) the compute penalty subtracted per row (compute_cost > 0)
 
     @property
     def num_groups(self) -> int:
@@ -74,34 +80,51 @@ class ScoredGroups:
         rows = (index[:, None] * G + torch.arange(G)[None, :]).flatten()
         return ScoredGroups(self.batch.select(rows), self.rewards[rows], self.uniform[index], G,
                             [self.task_ids[g] for g in groups],
-                            [self.prompt_seeds[g] for g in groups] if self.prompt_seeds else [])
+                            [self.prompt_seeds[g] for g in groups] if self.prompt_seeds else [],
+                            None if self.compute is None else self.compute[rows])
 
     @classmethod
     def cat(cls, parts: list["ScoredGroups"], pad_id: int = 0) -> "ScoredGroups":
         parts = [p for p in parts if p.num_groups] or parts[:1]
+        compute = None if any(p.compute is None for p in parts) else torch.cat([p.compute for p in parts])
         return cls(LearnerBatch.cat([p.batch for p in parts], pad_id), torch.cat([p.rewards for p in parts]),
                    torch.cat([p.uniform for p in parts]), parts[0].group_size,
-                   [t for p in parts for t in p.task_ids], [s for p in parts for s in p.prompt_seeds])
+                   [t for p in parts for t in p.task_ids], [s for p in parts for s in p.prompt_seeds], compute)
+
+
+def compute_penalty(rollout: RolloutBatch, cost: float) -> torch.Tensor:
+    """(R,) float64: ``cost`` · (mean recorded exit step t* over the row's sampled tokens) / T —
+    the price of the compute a completion used, from 0 (never) to ``cost`` (every token ran all
+    T loops); forced tokens (no exit) do not count, and a row without sampled tokens costs 0."""
+    mask = rollout.action_mask
+    steps = (rollout.exit_steps.double() * mask).sum(dim=1)
+    mean_exit = steps / mask.sum(dim=1).clamp_min(1).double()
+    return float(cost) * mean_exit / rollout.num_loops
 
 
 def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Tensor | None = None,
                  batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None, *,
-                 estimator: str = "grpo") -> ScoredGroups:
+                 estimator: str = "grpo", compute_cost: float = 0.0) -> ScoredGroups:
     """The learner rows of ``scored`` with their advantages (``estimator`` of
     `rltt.objectives.ADVANTAGE_ESTIMATORS`, normalised by ``scale``), computed here once.
 
     ``penalty`` (R,): subtracted from the rewards the advantages are computed from (the KL in
-    the reward); the uniform-group flags stay those of the task rewards, so dynamic sampling
-    drops the groups without a task signal either way. ``batch``: the rows'
-    `LearnerBatch.from_rollout`, when already built (to compute the penalty)."""
+    the reward); ``compute_cost`` λ > 0 subtracts `compute_penalty` as well. The uniform-group
+    flags stay those of the task rewards, so dynamic sampling drops the groups without a task
+    signal either way. ``batch``: the rows' `LearnerBatch.from_rollout`, when already built (to
+    compute the penalty)."""
     G = scored.group_size
     rewards = scored.rewards.float()  # advantages in fp32, like the learner's losses
+    compute = compute_penalty(scored.rollout, compute_cost) if compute_cost > 0 else None
     shaped = rewards if penalty is None else rewards - penalty.float()
+    if compute is not None:
+        shaped = shaped - compute.float()
     adv = group_advantages(shaped, G, scale, estimator=estimator)
-    uniform = adv.uniform if penalty is None else uniform_groups(rewards, G)
+    uniform = adv.uniform if penalty is None and compute is None else uniform_groups(rewards, G)
     if batch is None:
         batch = LearnerBatch.from_rollout(scored.rollout, adv.advantages)
     else:
         batch = replace(batch, advantages=adv.advantages.float())
-    return ScoredGroups(batch, rewards, uniform, G, [t.id for t in scored.tasks], list(prompt_seeds or []))
+    return ScoredGroups(batch, rewards, uniform, G, [t.id for t in scored.tasks], list(prompt_seeds or []),
+                        compute)
 

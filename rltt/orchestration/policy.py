@@ -14,6 +14,7 @@ from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.prompt_stream import Task
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.runtime.device import pick_device
+from rltt.telemetry import schema as m
 
 
 def resolve_model_path(path: str) -> Path:
@@ -64,14 +65,17 @@ class EvalResult:
 
     #: how shards merge (`rltt.runtime.distributed.combine`)
     OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "per_task": "concat",
-                                     "exit_step_sum": "sum", "tokens": "sum"}
+                                     "exit_step_sum": "sum", "tokens": "sum", "row_passes": "sum",
+                                     "passes_tokens": "sum"}
 
     solved: int
     samples: int
     reward_sum: float
     per_task: dict[str, float]  # task id -> fraction of its samples solved
     exit_step_sum: float
-    tokens: int
+    tokens: int  # sampled completion tokens (the exits counted)
+    row_passes: float = 0.0  # serial block passes of the rows, where the engine counts them
+    passes_tokens: int = 0  # the completion tokens of those calls
 
     @property
     def solve_rate(self) -> float:
@@ -84,6 +88,18 @@ class EvalResult:
     @property
     def mean_exit_step(self) -> float:
         return self.exit_step_sum / max(self.tokens, 1)
+
+    @property
+    def passes_per_token(self) -> float | None:
+        """Serial block passes per generated token; None when the engine did not count them (vLLM)."""
+        return self.row_passes / self.passes_tokens if self.passes_tokens else None
+
+
+def eval_exit_policy(recipe) -> str | None:
+    """The exit policy a train recipe evaluates with: ``train.eval_exit_policy`` (e.g. a
+    deployment ``threshold:q``), else the rollout's ``rollout.exit_policy``."""
+    own = getattr(recipe.train, "eval_exit_policy", None)
+    return own if own is not None else recipe.rollout.exit_policy
 
 
 def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, samples: int,
@@ -115,14 +131,18 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: Reward
         mask = rollout.action_mask  # sampled tokens (forced ones have no exit)
         result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
         result.tokens += int(mask.sum())
+        if rollout.stats.row_passes is not None:
+            result.row_passes += float(rollout.stats.row_passes.sum())
+            result.passes_tokens += rollout.stats.tokens
     return result
 
 
 class HeldOutEvaluator:
     """The run's held-out evaluation: the solve rate of the rollout policy on ``tasks``, with the
-    recipe's evaluation settings. With several ranks each evaluates its share of the task chunks
-    (every rank holds the same weights) and the sums are reduced: the same numbers as one
-    process, in 1/world of the time. A collective: every rank calls it."""
+    recipe's evaluation settings (exit policy: `eval_exit_policy`), beside the mean recorded exit
+    step and the serial passes per token it took. With several ranks each evaluates its share of
+    the task chunks (every rank holds the same weights) and the sums are reduced: the same numbers
+    as one process, in 1/world of the time. A collective: every rank calls it."""
 
     def __init__(self, recipe, engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, ranks,
                  thinking=None):
@@ -133,8 +153,11 @@ class HeldOutEvaluator:
         r = self.recipe
         part = evaluate(self.engine, self.tasks, self.tokenizer, self.runner, r.train.eval_samples,
                         r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
-                        exit_policy=r.rollout.exit_policy, schedule=r.rollout.schedule,
+                        exit_policy=eval_exit_policy(r), schedule=r.rollout.schedule,
                         shard=(self.ranks.rank, self.ranks.world), thinking=self.thinking)
         result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
-        return {"eval/solve_rate": result.solve_rate, "eval/reward_mean": result.reward_mean,
-                "eval/exit_step_mean": result.mean_exit_step}
+        out = {m.EVAL_SOLVE_RATE: result.solve_rate, m.EVAL_REWARD_MEAN: result.reward_mean,
+               m.EVAL_COMPUTE_MEAN_EXIT: result.mean_exit_step}
+        if result.passes_per_token is not None:
+            out[m.EVAL_COMPUTE_PASSES_PER_TOKEN] = result.passes_per_token
+        return out

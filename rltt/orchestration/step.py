@@ -25,6 +25,7 @@ import torch
 from rltt.data.rewards import RewardRunner, reward_error_metrics
 from rltt.learner import LearnerAPI, LearnerBatch
 from rltt.runtime.distributed import Ranks
+from rltt.runtime.stop import commit
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
 from rltt.orchestration.prompt_stream import PromptStream, Task
 from rltt.orchestration.train_recipe import TrainRecipe
@@ -54,16 +55,21 @@ def rollout_seed(seed: int, step: int, attempt: int, index: int) -> int:
 
 
 def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, primary: str,
-                    thinking: ThinkingBudget | None = None) -> dict[str, float]:
+                    thinking: ThinkingBudget | None = None, seconds: float | None = None) -> dict[str, float]:
     """Metrics of one rollout over every rank's rows (a collective), as one process would log them;
-    with a thinking budget also the ``length/*`` thinking metrics."""
+    with a thinking budget also the ``length/*`` thinking metrics; with ``seconds`` (this rank's
+    wall time of the rollout and its reward scoring) the goodput."""
     rollout = scored.rollout
     stats = rollout.stats
     counted = stats.row_passes is not None
+    exits = rollout.exit_steps[rollout.action_mask]  # recorded t* of the sampled tokens
     local = {
         "rewards": scored.rewards.float(), "lengths": rollout.completion_lengths.float(),
         "truncated": sum(reason == "length" for reason in rollout.finish_reasons),
-        "exit_steps": int(rollout.exit_steps[rollout.action_mask].sum()), "actions": int(rollout.action_mask.sum()),
+        "exit_steps": int(exits.sum()), "actions": int(rollout.action_mask.sum()),
+        "exit_hist": torch.bincount(exits.long().flatten() - 1, minlength=rollout.num_loops)[:rollout.num_loops],
+        "positive": int((scored.rewards > 0).sum()), "seconds": float(seconds or 0.0),
+        "compute": (groups.compute if groups.compute is not None else torch.zeros(0, dtype=torch.float64)),
         "errors": len(scored.errors),
         "row_passes": float(stats.row_passes.sum()) if counted else 0.0, "tokens": stats.tokens if counted else 0,
         "uniform": int(groups.uniform.sum()), "groups": groups.num_groups,
@@ -73,8 +79,8 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
     if thinking is not None:
         local.update({f"think/{k}": v for k, v in length_sums(rollout, thinking.close).items()})
     sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
-            *(k for k in local if k.startswith(("think/", "err/"))))
-    t = ranks.reduce(local, {k: "sum" if k in sums else "concat" for k in local})
+            "exit_hist", "positive", *(k for k in local if k.startswith(("think/", "err/"))))
+    t = ranks.reduce(local, {k: "max" if k == "seconds" else "sum" if k in sums else "concat" for k in local})
     rewards, lengths = t["rewards"], t["lengths"]
     out = {
         m.REWARD_MEAN: float(rewards.mean()),
@@ -85,11 +91,17 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         m.LENGTH_MEAN: float(lengths.mean()),
         m.LENGTH_MAX: float(lengths.max()),
         m.LENGTH_TRUNC_FRAC: t["truncated"] / lengths.numel(),
-        "rollout/exit_step_mean": t["exit_steps"] / max(float(t["actions"]), 1),
-        "rollout/sequences": rewards.numel(),
+        m.COMPUTE_MEAN_EXIT: t["exit_steps"] / max(float(t["actions"]), 1),
+        m.ROLLOUT_SEQUENCES: rewards.numel(),
     }
+    if t["actions"]:
+        out[m.COMPUTE_EXIT_ENTROPY] = exit_histogram_entropy(t["exit_hist"])
     if counted and t["tokens"]:  # an engine that does not count its passes (vLLM) leaves the key out
-        out[m.ROLLOUT_PASSES_PER_TOKEN] = t["row_passes"] / t["tokens"]
+        out[m.COMPUTE_PASSES_PER_TOKEN] = t["row_passes"] / t["tokens"]
+    if groups.compute is not None and t["compute"].numel():  # a price on compute: its mean, apart from the task's
+        out[m.REWARD_COMPUTE] = float(t["compute"].mean())
+    if seconds is not None and t["seconds"] > 0:  # ranks sample concurrently: the slowest one's time
+        out[m.THROUGHPUT_GOODPUT] = t["positive"] / t["seconds"]
     if thinking is not None:
         out.update(length_metrics({k[len("think/"):]: v for k, v in t.items() if k.startswith("think/")}))
     for name in scored.per_fn:
@@ -97,6 +109,14 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         out[m.reward_key(name)] = sum(values) / len(values)
     out.update({k[len("err/"):]: v for k, v in t.items() if k.startswith("err/")})  # reward/errors/<fn>
     return out
+
+
+def exit_histogram_entropy(counts: torch.Tensor) -> float:
+    """Entropy (nats) of the histogram of recorded exit steps (``counts[t - 1]``: tokens that
+    exited at loop t): 0 when every token exits at one step, log T when they spread evenly."""
+    p = counts.double() / counts.sum().clamp_min(1)
+    p = p[p > 0]
+    return float(-(p * p.log()).sum()) if p.numel() else 0.0
 
 
 class TrainingStep:
@@ -135,7 +155,7 @@ class TrainingStep:
             batch = LearnerBatch.from_rollout(rollout)
             penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
         groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds,
-                              estimator=algo.advantage)
+                              estimator=algo.advantage, compute_cost=algo.compute_cost)
         return scored, groups
 
     def _empty(self) -> ScoredGroups:
@@ -154,8 +174,10 @@ class TrainingStep:
         span = ranks.span(total)
         drawn = self.prompts.next(total)  # the global list, the same on every rank
         tasks = [drawn[i] for i in span]
+        t0 = time.perf_counter()
         scored, groups = self._sample(tasks, self.sampling(step, 0, span))
-        metrics = rollout_metrics(scored, groups, ranks, self.runner.names[0], self.thinking)
+        metrics = rollout_metrics(scored, groups, ranks, self.runner.names[0], self.thinking,
+                                  seconds=time.perf_counter() - t0)
         if not r.algorithm.dynamic_sampling:
             return groups, metrics
         kept: list[ScoredGroups] = []
@@ -187,6 +209,7 @@ class TrainingStep:
         tokens = int(groups.batch.target_mask.sum())
         work = self.ranks.reduce({"tokens": tokens, "time": timed[m.TIME_ROLLOUT]}, {"tokens": "sum", "time": "max"})
         version = self.learner.version
+        commit()  # from the update on, a stop signal lets the step finish (rltt.runtime.stop)
         with Timer(timed, m.TIME_LEARNER):
             metrics.update(self.learner.update(groups.batch))
         if self.learner.version != version:  # a skipped update changed no weights: nothing to sync

@@ -183,11 +183,13 @@ class RolloutSection:
 @dataclass
 class RLTrainSection(TrainSection):
     """``eval_every`` steps (0 = no evaluation) the held-out set is sampled ``eval_samples`` times
-    per prompt at ``eval_temperature`` (0 = greedy)."""
+    per prompt at ``eval_temperature`` (0 = greedy) with the exit policy ``eval_exit_policy``
+    (null: the rollout's; e.g. ``threshold:0.9`` scores at a deployment exit policy)."""
 
     eval_every: NonNegativeInt = 10
     eval_samples: PositiveInt = 1
     eval_temperature: NonNegativeFloat = 1.0
+    eval_exit_policy: str | None = None
 
 
 @dataclass
@@ -222,6 +224,17 @@ class TrainRecipe:
         if not self.rewards:
             raise recipe_error("rewards", "needs at least one reward function")
         check_exit_policy("rollout.exit_policy", self.rollout.exit_policy, self.model.known_num_loops())
+        check_exit_policy("train.eval_exit_policy", self.train.eval_exit_policy, self.model.known_num_loops())
+        kind = (self.rollout.exit_policy or "").partition(":")[0]
+        if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability
+            raise recipe_error("algorithm.exit_action", f"needs rollout.exit_policy: sample (the exit step is then "
+                                                        f"drawn from p, part of the action), got "
+                                                        f"{self.rollout.exit_policy!r}")
+        if self.algorithm.compute_cost > 0 and kind in ("final", "fixed"):  # t* is one constant: the price cancels
+            raise recipe_error("algorithm.compute_cost", f"has no effect with rollout.exit_policy "
+                                                         f"{self.rollout.exit_policy!r} (every token exits at the "
+                                                         "same step, so the price is equal within every group); "
+                                                         "use rollout.exit_policy sample or threshold:q")
 
     @property
     def batch_size(self) -> int:

@@ -5,8 +5,9 @@ recorded tokens, exits and kept sets (top-k/top-p) in place of the sampling deci
 `PassExecutor` with the same batch composition — a record of several chunks (`Schedule.chunks`: a
 chunked native call, a Ray pool's shards) chunk by chunk, each on an executor of its own rows — so
 at the rollout's weights the result equals ``batch.logprobs`` / ``batch.tempered_logprobs`` bit
-for bit (fp32 and bf16, dense and deferred). With new weights it gives the sampler-side log-prob
-of the new policy.
+for bit (fp32 and bf16, dense and deferred), and so do the gates the passes compute, hence the
+exit log-probs ``log p_{t*}`` (``batch.exit_logprobs``). With new weights it gives the sampler-side
+log-probs of the new policy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rltt.errors import RlttError
+from rltt.model.exits import exit_logprob
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.rollout_batch import RolloutBatch
 from rltt.rollout.executor import PassExecutor
@@ -26,10 +28,12 @@ __all__ = ["ReplayLogprobs", "replay_logprobs"]
 
 @dataclass
 class ReplayLogprobs:
-    """Replayed sampling log-probs, laid out like ``batch.logprobs`` (R, C) fp32, 0 on padding."""
+    """Replayed sampling log-probs, laid out like ``batch.logprobs`` (R, C) fp32, 0 on padding;
+    ``exit_logprobs``: the replayed ``log p_{t*}`` of the recorded exits (as ``batch.exit_logprobs``)."""
 
     logprobs: torch.Tensor
     tempered_logprobs: torch.Tensor
+    exit_logprobs: torch.Tensor
 
 
 @torch.no_grad()
@@ -43,20 +47,22 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogp
         raise RlttError(f"replay: the model has num_loops={cfg.num_loops}, the rollout {batch.num_loops}")
     raw = torch.zeros(batch.logprobs.shape, dtype=torch.float32)
     tempered = torch.zeros_like(raw)
+    gates = torch.full(batch.gate_probs.shape, float("nan"), dtype=torch.float32)
     try:
         spans = batch.schedule.chunk_spans(batch.num_rows)
     except ValueError as e:
         raise RlttError(f"replay: {e}") from None
     for first, end, pass_first, pass_end in spans:
-        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered)
-    return ReplayLogprobs(raw, tempered)
+        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered, gates)
+    return ReplayLogprobs(raw, tempered, exit_logprob(gates, batch.exit_steps, batch.action_mask).cpu())
 
 
 def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
-                  raw: torch.Tensor, tempered: torch.Tensor) -> None:
+                  raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor) -> None:
     """Re-execute the passes of the chunk of rows ``first..end-1`` on an executor of those rows
     alone (the batch composition they were sampled with; the record numbers them from ``first``),
-    writing their log-probs into ``raw`` / ``tempered``."""
+    writing their log-probs into ``raw`` / ``tempered`` and the gates of their completion tokens'
+    states into ``gates`` (T, R, C)."""
     if end == first:
         return
     lengths = batch.prompt_lengths[first:end]
@@ -87,3 +93,6 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
         raw[record.exits, columns] = lp_raw.cpu()
         tempered[record.exits, columns] = lp_tempered.cpu()
+    for r in range(first, end):  # the state before completion token j sits at position prompt + j − 1
+        n, start = int(batch.completion_lengths[r]), int(batch.prompt_lengths[r]) - 1
+        gates[:, r, :n] = executor.gates[:, r - first, start:start + n].cpu()

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from rltt.model.exits import exit_logprob
 from rltt.rollout.params import SamplingParams
 
 
@@ -238,6 +239,11 @@ class RolloutBatch:
       on forced tokens. All -1 when not given (no truncation).
     - ``gate_probs`` (T, R, C) fp32: λ_t of the state that produced each completion token,
       NaN where step t of that token was never computed (deferred) or on padding.
+    - ``exit_logprobs`` (R, C) fp32: ``log p_{t*}``, the log-probability of each sampled token's
+      exit step under the survival exit distribution of its state's gates
+      (`rltt.model.exits.exit_logprob`; only λ_1..λ_{t*} enter), 0 on padding and forced tokens —
+      the exit half of the action (t*, y) (docs/design.md §5.12). Computed from ``gate_probs`` when
+      not given.
     - ``finish_reasons``: ``"stop"`` (stop token or string) or ``"length"`` (max_new_tokens or
       the model's max_position_embeddings) per row.
     - ``schedule``: the pass record (see the module docstring); ``params``: the sampling
@@ -268,12 +274,15 @@ class RolloutBatch:
     pad_id: int = 0
     forced_mask: torch.Tensor | None = None
     kept_floor: torch.Tensor | None = None
+    exit_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.forced_mask is None:
             self.forced_mask = torch.zeros(self.completion_ids.shape, dtype=torch.bool)
         if self.kept_floor is None:
             self.kept_floor = torch.full(self.completion_ids.shape, -1, dtype=torch.long)
+        if self.exit_logprobs is None:
+            self.exit_logprobs = exit_logprob(self.gate_probs, self.exit_steps, self.action_mask).cpu()
 
     @property
     def action_mask(self) -> torch.Tensor:

@@ -61,6 +61,13 @@ UNIFORM_GROUPS_CRITICAL = 0.9
 #: same for exit/collapse when p_1 is not logged.
 EXIT_COLLAPSE_P1 = 0.9
 
+#: Exit collapse under a compute price (algorithm.compute_cost > 0, logged as reward/compute):
+#: median compute/exit_entropy over the late window below this (nats; one step holding ~98 % of
+#: the tokens of T = 4 loops gives about 0.1, an even spread log T = 1.39) ...
+COMPUTE_EXIT_ENTROPY_MIN = 0.1
+#: ... or, for a run that did not log it, the largest mean exit/p_t over the late window above
+#: EXIT_COLLAPSE_P1.
+
 #: Gradient vanishing across layers: median over steps of
 #: grad_norm/layer/<first> / grad_norm/layer/<last> below this.
 GRAD_LAYER_RATIO_MIN = 0.1
@@ -416,12 +423,76 @@ def check_exit_collapse(run: RunData) -> Diagnosis | None:
     detail = f"Exit mass on loop 1 has stayed above {EXIT_COLLAPSE_P1:g} since step {onset}."
     if len(mean_step):
         detail += f" Mean exit step at the end: {mean_step[-1]:.2f} of {len(loops) or '?'} loops."
+    action = ("use a linear LR warmup (warmup_steps) and a larger exit-entropy coefficient "
+              "β ≥ 0.10 (recipe key beta; the pretraining default is 0.15, docs/design.md §5.1); "
+              "the LM loss does not show the collapse, the exit distribution does")
+    if _priced(run) is not None:
+        if check_compute_collapse(run) is not None:
+            return None  # the recorded exits collapsed as well: the compute-price diagnosis says why
+        detail += " The run trains under a compute price (reward/compute > 0)."
+        action = "lower algorithm.compute_cost: the price on loops pushes the gate onto loop 1; " + action
     return Diagnosis(
         "exit_gate_collapse", Severity.CRITICAL, "Exit gate collapsed onto loop 1",
+        tuple(evidence), action, detail=detail)
+
+
+def _priced(run: RunData) -> tuple[np.ndarray, np.ndarray] | None:
+    """The run's reward/compute series when it trained under a compute price (some value > 0)."""
+    steps, price = run.series(schema.REWARD_COMPUTE)
+    return (steps, price) if len(price) and float(np.max(price)) > 0 else None
+
+
+def check_compute_collapse(run: RunData) -> Diagnosis | None:
+    """Under a compute price the recorded exits collapsed onto one loop: every token runs the same
+    number of loops, so the price is equal within every group and no longer carries a signal."""
+    priced = _priced(run)
+    if priced is None:
+        return None
+    evidence: list[Evidence] = []
+    steps, entropy = run.series(schema.COMPUTE_EXIT_ENTROPY)
+    loops = run.indexed(schema.EXIT_P)
+    if len(entropy) >= MIN_POINTS:
+        ws, we = late_window(steps, entropy)
+        med = float(np.median(we))
+        if med >= COMPUTE_EXIT_ENTROPY_MIN:
+            return None
+        evidence.append(Evidence(schema.COMPUTE_EXIT_ENTROPY, _span(ws), "median", med, "<", COMPUTE_EXIT_ENTROPY_MIN))
+    elif len(loops) >= 2:  # an older run: the gate's exit distribution
+        late = {t: late_window(*run.series(key)) for t, key in loops.items()}
+        if min(len(v) for _, v in late.values()) < MIN_POINTS:
+            return None
+        t_max = max(late, key=lambda t: float(np.mean(late[t][1])))
+        top = float(np.mean(late[t_max][1]))
+        if top <= EXIT_COLLAPSE_P1:
+            return None
+        evidence.append(Evidence(loops[t_max], _span(late[t_max][0]), "mean", top, ">", EXIT_COLLAPSE_P1))
+    else:
+        return None
+    ms, mean_exit = run.series(schema.COMPUTE_MEAN_EXIT)
+    onto = f"loop {int(round(float(np.median(late_window(ms, mean_exit)[1]))))}" if len(mean_exit) else "one loop"
+    p_steps, price = priced
+    pw_steps, pw = late_window(p_steps, price)
+    detail = (f"Under a compute price (reward/compute median {_fmt(float(np.median(pw)))} late) the tokens' exit "
+              f"steps collapsed onto {onto}.")
+    severity = Severity.WARNING
+    r_steps, reward = run.series(schema.REWARD_MEAN)
+    if len(reward) >= MIN_POINTS * 2:
+        early = float(np.median(reward[:max(MIN_POINTS, len(reward) // 4)]))
+        rs, rw = late_window(r_steps, reward)
+        late_reward = float(np.median(rw))
+        if early - late_reward >= REWARD_DROP_MIN:
+            evidence.append(Evidence(schema.REWARD_MEAN, _span(rs), "median", late_reward, "<",
+                                     early - REWARD_DROP_MIN))
+            severity = Severity.CRITICAL
+            detail += " The task reward fell with it: the price outweighs what the loops earned."
+    return Diagnosis(
+        "compute_exit_collapse", severity, "Exit steps collapsed onto one loop under a compute price",
         tuple(evidence),
-        "use a linear LR warmup (warmup_steps) and a larger exit-entropy coefficient "
-        "β ≥ 0.10 (recipe key beta; the pretraining default is 0.15, docs/design.md §5.1); "
-        "the LM loss does not show the collapse, the exit distribution does",
+        "lower algorithm.compute_cost (λ·(T−1)/T is the most a completion can save; keep it well below the "
+        "task reward's spread within a group) and resume from a checkpoint before the collapse — once every "
+        "token exits at one step the price is equal within every group and the exits do not spread again on "
+        "their own; compare eval/solve_rate with a λ = 0 run (or `rltt eval --exit-policy`) to see what the "
+        "loops were worth",
         detail=detail)
 
 
@@ -723,6 +794,8 @@ CHECKS: tuple[Check, ...] = (
     Check("uniform_groups", "uniform groups", (schema.GROUPS_UNIFORM_FRAC,), check_uniform_groups),
     Check("exit_gate_collapse", "exit-gate collapse", (schema.EXIT_P, schema.EXIT_COLLAPSE),
           check_exit_collapse),
+    Check("compute_exit_collapse", "exit collapse under a compute price",  # a run without a price: nothing to report
+          (schema.COMPUTE_EXIT_ENTROPY, schema.EXIT_P), check_compute_collapse),
     Check("grad_vanishing_layers", "gradient vanishing across layers",
           (schema.GRAD_NORM_LAYER,), check_grad_vanishing),
     Check("spikes", "loss / grad-norm spikes", SPIKE_KEYS, check_spikes),

@@ -51,7 +51,9 @@ def scan_metrics(path: str | os.PathLike[str]) -> MetricsFile:
 
     A last line without a trailing newline that does not parse is a record still being
     written and is dropped silently (``truncated_tail``); other bad lines are skipped and
-    listed in ``bad_lines``. Raises :class:`RlttError` when the file does not exist.
+    listed in ``bad_lines``. Keys an older run logged under a former name
+    (:data:`rltt.telemetry.schema.RENAMED`) come back under their current one. Raises
+    :class:`RlttError` when the file does not exist.
     """
     path = metrics_path(path)
     if not path.is_file():
@@ -70,7 +72,7 @@ def scan_metrics(path: str | os.PathLike[str]) -> MetricsFile:
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict):
-            result.records.append(record)
+            result.records.append(schema.current_names(record))  # an older run's renamed keys
             continue
         result.bad_lines.append(number)
         if number == len(lines) and not ends_with_newline:

@@ -284,6 +284,25 @@ def plot_entropy(runs: Sequence[RunData]) -> Figure | None:
     return _finish(fig, np.array([a, b]), [drawn_a, drawn_b], "Entropy")
 
 
+def plot_compute(runs: Sequence[RunData]) -> Figure | None:
+    """What the rollout's tokens cost in loops (recorded exits, serial passes), how spread the exits
+    are, the compute price paid, and the goodput."""
+    fig, axes = _figure(1, 3)
+    drawn = [
+        _lines(axes[0], runs, [schema.COMPUTE_MEAN_EXIT, schema.COMPUTE_PASSES_PER_TOKEN,
+                               schema.EVAL_COMPUTE_MEAN_EXIT, schema.EVAL_COMPUTE_PASSES_PER_TOKEN]),
+        _lines(axes[1], runs, [schema.COMPUTE_EXIT_ENTROPY, schema.REWARD_COMPUTE]),
+        _lines(axes[2], runs, [schema.THROUGHPUT_GOODPUT]),
+    ]
+    if drawn[1]:
+        _threshold(axes[1], dx.COMPUTE_EXIT_ENTROPY_MIN, "collapse under a price")
+    for ax, d, title in zip(axes, drawn, ("recorded exit step, passes / token", "exit-step entropy (nats), "
+                                          "compute penalty", "goodput (solved completions / s)")):
+        if d:
+            ax.set_title(title, fontsize=9)
+    return _finish(fig, axes, drawn, "Compute")
+
+
 def plot_mismatch(runs: Sequence[RunData]) -> Figure | None:
     fig, (a, b) = _figure(1, 2)
     drawn_a = _lines(a, runs, [schema.MISMATCH_MAX_ABS, schema.MISMATCH_MEAN_ABS], logy=True)
@@ -332,6 +351,7 @@ PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("grad_layers", "Gradient norm per layer", plot_grad_layers),
     PlotSpec("exit", "Exit distribution over loops", plot_exit),
     PlotSpec("entropy", "Entropy per loop", plot_entropy),
+    PlotSpec("compute", "Compute: exit steps, passes per token, goodput", plot_compute),
     PlotSpec("mismatch", "Sampler–learner log-prob mismatch", plot_mismatch),
     PlotSpec("lengths", "Completion lengths and truncation", plot_lengths),
     PlotSpec("timings", "Timings, throughput and memory", plot_timings),

@@ -34,6 +34,8 @@ SUMMARY_KEYS = (
     schema.REWARD_MEAN, schema.SOLVE_RATE, schema.GROUPS_UNIFORM_FRAC, schema.KL_REF,
     schema.LOSS_TOTAL, schema.LM_LOSS, schema.GRAD_NORM_TOTAL, schema.POLICY_CLIP_FRAC,
     schema.EXIT_MEAN_STEP, schema.exit_p_key(1), schema.EXIT_COLLAPSE,
+    schema.COMPUTE_MEAN_EXIT, schema.COMPUTE_PASSES_PER_TOKEN, schema.COMPUTE_EXIT_ENTROPY, schema.REWARD_COMPUTE,
+    schema.THROUGHPUT_GOODPUT,
     schema.MISMATCH_MAX_ABS, schema.CORRECTION_MASKED_FRAC, schema.LENGTH_MEAN, schema.LENGTH_TRUNC_FRAC,
     schema.TIME_STEP, schema.THROUGHPUT_TOKENS_PER_S, schema.MEMORY_PEAK_GB, schema.LR,
 )

@@ -42,6 +42,7 @@ WALL_TIME = "wall_time"
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
 REWARD_ERRORS = "reward/errors"
+REWARD_COMPUTE = "reward/compute"
 SOLVE_RATE = "solve_rate"
 GROUPS_UNIFORM_FRAC = "groups/uniform_frac"
 
@@ -82,14 +83,18 @@ TIME_LEARNER = "time/learner"
 TIME_WEIGHT_SYNC = "time/weight_sync"
 TIME_STEP = "time/step"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
+THROUGHPUT_GOODPUT = "throughput/goodput"
 MEMORY_PEAK_GB = "memory/peak_gb"
 LR = "lr"
 
 LM_LOSS = "lm/loss"
 
+# compute: how many loops the rollout's tokens ran (recorded exits, serial passes)
+COMPUTE_MEAN_EXIT = "compute/mean_exit"
+COMPUTE_PASSES_PER_TOKEN = "compute/passes_per_token"
+COMPUTE_EXIT_ENTROPY = "compute/exit_entropy"
+
 # rollout (engine) statistics of the RL loop
-ROLLOUT_EXIT_STEP_MEAN = "rollout/exit_step_mean"
-ROLLOUT_PASSES_PER_TOKEN = "rollout/passes_per_token"
 ROLLOUT_SEQUENCES = "rollout/sequences"
 ROLLOUT_REFILLS = "rollout/refills"
 # Ray orchestration (orchestration.backend=ray)
@@ -101,7 +106,8 @@ ORCH_REISSUED_SHARDS = "orchestration/reissued_shards"
 # held-out evaluation: RL loop and LM stages
 EVAL_SOLVE_RATE = "eval/solve_rate"
 EVAL_REWARD_MEAN = "eval/reward_mean"
-EVAL_EXIT_STEP_MEAN = "eval/exit_step_mean"
+EVAL_COMPUTE_MEAN_EXIT = "eval/compute/mean_exit"
+EVAL_COMPUTE_PASSES_PER_TOKEN = "eval/compute/passes_per_token"
 EVAL_LM_LOSS = "eval/lm_loss"
 EVAL_COMPLETION_LENGTH = "eval/completion_length"
 EVAL_EXIT_MEAN_STEP = "eval/exit/mean_step"
@@ -110,6 +116,26 @@ EVAL_EXIT_ENTROPY = "eval/exit/entropy"
 
 #: Prefix of the held-out evaluation keys.
 EVAL_PREFIX = "eval/"
+
+#: Keys older runs logged under another name: former name -> current one. Reading a metrics file
+#: (`rltt.telemetry.read_metrics`, `RunData.load`) gives them their current names, so an older
+#: run reviews, plots and compares like a new one; no loop logs the former names.
+RENAMED: dict[str, str] = {
+    "rollout/exit_step_mean": COMPUTE_MEAN_EXIT,
+    "rollout/passes_per_token": COMPUTE_PASSES_PER_TOKEN,
+    "eval/exit_step_mean": EVAL_COMPUTE_MEAN_EXIT,
+}
+
+
+def current_names(record: Mapping[str, object]) -> dict[str, object]:
+    """``record`` with the keys of :data:`RENAMED` under their current names (a current name
+    already present wins)."""
+    out = dict(record)
+    for old, new in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
 
 # --------------------------------------------------------------------------- templates
 
@@ -212,6 +238,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(REWARD_STD, "std of the total reward over the step's completions", "reward"),
     MetricSpec(REWARD_FN, "mean reward of one reward function (unweighted)", "reward"),
     MetricSpec(REWARD_ERRORS, "completions whose reward function raised (scored 0)", "count"),
+    MetricSpec(REWARD_COMPUTE,
+               "mean compute penalty algorithm.compute_cost * (mean recorded exit step t* of a completion's "
+               "sampled tokens) / T over the step's completions, subtracted before the advantages and kept out "
+               "of reward/mean and solve_rate (logged only with compute_cost > 0)", "reward"),
     MetricSpec(REWARD_ERRORS_FN, "completions one reward function failed on: raised, timed out, crashed or "
                "returned a non-number (scored 0)", "count"),
     MetricSpec(GUARD_SKIPPED_STEPS, "steps skipped by the non-finite guard so far (loss or gradient NaN/inf: "
@@ -279,6 +309,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(TIME_STEP, "wall time of the whole step", "s", "all"),
     MetricSpec(THROUGHPUT_TOKENS_PER_S, "tokens processed per second of step time", "tokens/s",
                "all"),
+    MetricSpec(THROUGHPUT_GOODPUT,
+               "goodput: completions of the step's first rollout whose task reward is positive, per second of "
+               "that rollout (generation and reward scoring; the slowest rank's time)", "completions/s"),
     MetricSpec(MEMORY_PEAK_GB, "peak memory: CUDA max allocated, else process max RSS", "GiB",
                "all"),
     MetricSpec(LR, "learning rate used at this step", "lr", "all"),
@@ -286,14 +319,18 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(LM_LOSS, "expected LM loss sum_t p_t L_t (without the -beta*H(p) term)",
                "nats/token", "lm"),
     MetricSpec(LM_LOSS_STEP, "LM cross-entropy L_t of loop t (1-based)", "nats/token", "lm"),
-    # rollout engine (RL)
-    MetricSpec(ROLLOUT_EXIT_STEP_MEAN,
-               "mean recorded exit step t* of the sampled completion tokens (the exit policy's "
+    # compute (RL)
+    MetricSpec(COMPUTE_MEAN_EXIT,
+               "mean recorded exit step t* of the step's sampled completion tokens (the exit policy's "
                "choice, not the gate's expectation exit/mean_step)", "loops"),
-    MetricSpec(ROLLOUT_PASSES_PER_TOKEN,
-               "serial block passes per generated token (T for the dense schedule; about the "
+    MetricSpec(COMPUTE_PASSES_PER_TOKEN,
+               "serial block passes per generated token of the rollout (T for the dense schedule; about the "
                "mean exit step for the deferred one); absent when the engine does not count them (vLLM)",
                "passes/token"),
+    MetricSpec(COMPUTE_EXIT_ENTROPY,
+               "entropy of the histogram of recorded exit steps t* over the step's sampled completion tokens "
+               "(0: every token exits at one step; log T: evenly spread)", "nats"),
+    # rollout engine (RL)
     MetricSpec(ROLLOUT_SEQUENCES, "completions sampled in the step's first rollout, all ranks",
                "count"),
     MetricSpec(ROLLOUT_REFILLS,
@@ -312,8 +349,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "held-out solve rate: fraction of sampled completions judged correct", "fraction",
                "all"),
     MetricSpec(EVAL_REWARD_MEAN, "mean total reward of the held-out completions", "reward"),
-    MetricSpec(EVAL_EXIT_STEP_MEAN,
-               "mean recorded exit step t* over the held-out completion tokens", "loops"),
+    MetricSpec(EVAL_COMPUTE_MEAN_EXIT,
+               "mean recorded exit step t* over the held-out completion tokens (at train.eval_exit_policy)",
+               "loops"),
+    MetricSpec(EVAL_COMPUTE_PASSES_PER_TOKEN,
+               "serial block passes per generated held-out token (absent when the engine does not count them)",
+               "passes/token"),
     MetricSpec(EVAL_LM_LOSS, "held-out expected LM loss sum_t p_t L_t", "nats/token", "lm"),
     MetricSpec(EVAL_LM_LOSS_STEP, "held-out LM cross-entropy L_t of loop t (1-based)",
                "nats/token", "lm"),
@@ -329,7 +370,7 @@ METRICS: tuple[MetricSpec, ...] = (
                "nats/token", "lm"),
 )
 
-_RESERVED_REWARD_NAMES = {"mean", "std", "errors"}
+_RESERVED_REWARD_NAMES = {"mean", "std", "errors", "compute"}
 
 
 def _template_regex(template: str) -> re.Pattern[str]:

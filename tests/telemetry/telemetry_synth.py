@@ -63,6 +63,10 @@ def healthy_records(n: int = 60, seed: int = 0, T: int = T_LOOPS,
             "time/weight_sync": 0.4 + abs(noise(0.02)),
             "time/step": 18.5 + noise(0.5),
             "throughput/tokens_per_s": 3500 + noise(50),
+            "throughput/goodput": 5.0 * reward,  # the compute keys draw no noise: the other keys stay as they were
+            "compute/mean_exit": float((np.arange(1, T + 1) * p).sum()),
+            "compute/passes_per_token": float((np.arange(1, T + 1) * p).sum()) + 0.05,
+            "compute/exit_entropy": float(-(p * np.log(p)).sum()),
             "memory/peak_gb": 21.5,
             "lr": 1e-5,
         }
@@ -113,7 +117,7 @@ def quickstart_records(n: int = 250, seed: int = 0, T: int = T_LOOPS, layers: in
     """
     rng = np.random.default_rng(seed)
     records: list[dict[str, Any]] = [{"step": 0, "eval/solve_rate": 0.31, "eval/reward_mean": 0.31,
-                                      "eval/exit_step_mean": 4.0}]
+                                      "eval/compute/mean_exit": 4.0}]
     exit_p = np.array([0.05, 0.1, 0.25, 0.6][:T])
     exit_p = exit_p / exit_p.sum()
     for i in range(n):
@@ -134,7 +138,8 @@ def quickstart_records(n: int = 250, seed: int = 0, T: int = T_LOOPS, layers: in
             "groups/uniform_frac": float(np.clip(0.3 - 0.1 * frac + noise(0.1), 0, 1)),
             "length/mean": length, "length/max": 48.0,
             "length/trunc_frac": float(np.clip(0.08 + noise(0.03), 0, 1)),
-            "rollout/exit_step_mean": 4.0, "rollout/passes_per_token": 4.0, "rollout/sequences": 64,
+            "compute/mean_exit": 4.0, "compute/passes_per_token": 4.0, "compute/exit_entropy": 0.0,
+            "rollout/sequences": 64, "throughput/goodput": 30.0 * solve,
             "time/rollout": 0.9 + abs(noise(0.1)),
             "throughput/tokens_per_s": 2100 + noise(100),
             "entropy/loop_1": 2.0 + noise(0.02), "entropy/loop_2": 1.7 + noise(0.02),
@@ -164,7 +169,7 @@ def quickstart_records(n: int = 250, seed: int = 0, T: int = T_LOOPS, layers: in
             record[f"grad_norm/layer/{layer}"] = record["grad_norm/total"] * (0.5 + 0.1 * layer)
         if step % eval_every == 0 or step == n:
             record.update({"eval/solve_rate": 0.31 + 0.16 * frac, "eval/reward_mean": 0.31 + 0.16 * frac,
-                           "eval/exit_step_mean": 4.0})
+                           "eval/compute/mean_exit": 4.0})
         records.append(record)
     return records
 

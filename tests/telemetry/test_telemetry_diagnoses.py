@@ -10,6 +10,21 @@ from rltt.telemetry import schema
 from rltt.telemetry.series import RunData
 
 
+def priced_records(seed=0, n=60):
+    """A healthy run under a compute price: reward/compute logged, the exits still spread."""
+    return mutate(healthy_records(n=n, seed=seed), 0, reward__compute=lambda i, r: 0.1 * r["compute/mean_exit"] / 4)
+
+
+def collapse_under_price(records, start=20, loop=1):
+    """From ``start`` on every token exits at ``loop``: zero exit-step entropy, mean exit = loop."""
+    def p(t):
+        return lambda i, r: 0.97 if t == loop else 0.01
+
+    return mutate(records, start, compute__exit_entropy=0.0, compute__mean_exit=float(loop),
+                  compute__passes_per_token=float(loop), reward__compute=0.1 * loop / 4,
+                  exit__p_1=p(1), exit__p_2=p(2), exit__p_3=p(3), exit__p_4=p(4))
+
+
 def ids(records):
     return [d.id for d in dx.diagnose(RunData.from_records(records))]
 
@@ -25,6 +40,9 @@ def test_healthy_run_triggers_nothing_and_every_check_applies(seed):
     run = RunData.from_records(healthy_records(seed=seed))
     assert dx.diagnose(run) == []
     assert dx.unchecked(run) == []
+    priced = RunData.from_records(priced_records(seed=seed))
+    assert dx.diagnose(priced) == []
+    assert dx.unchecked(priced) == []
 
 
 def test_policy_not_moving_with_tiny_lr():
@@ -279,3 +297,49 @@ def test_a_real_logged_quickstart_run_is_healthy():
     assert dx.robust_spikes(loss)[1].max() > 2 * dx.SPIKE_Z
     assert dx.unchecked(run) == []  # every check could look at it
     assert {k for r in run.records for k in r if schema.lookup(k) is None} == set()
+
+
+def test_exit_collapse_under_a_compute_price_fires_with_evidence_and_action():
+    d = only(collapse_under_price(priced_records()), "compute_exit_collapse")
+    assert d.severity is dx.Severity.WARNING  # the task reward kept rising
+    e = d.evidence[0]
+    assert (e.metric, e.statistic, e.comparison) == ("compute/exit_entropy", "median", "<")
+    assert e.observed == 0.0 and e.threshold == dx.COMPUTE_EXIT_ENTROPY_MIN and e.steps == (31, 60)
+    assert "onto loop 1" in d.detail and "algorithm.compute_cost" in d.action
+    # the gate's own collapse check defers to it (one diagnosis, the one with the compute action)
+    assert "exit_gate_collapse" not in ids(collapse_under_price(priced_records()))
+
+
+def test_exit_collapse_under_a_price_onto_the_last_loop_and_with_a_falling_reward_is_critical():
+    records = mutate(collapse_under_price(priced_records(), loop=4), 20, reward__mean=0.1)
+    d = only(records, "compute_exit_collapse")
+    assert d.severity is dx.Severity.CRITICAL and "onto loop 4" in d.detail
+    assert [e.metric for e in d.evidence] == ["compute/exit_entropy", "reward/mean"]
+
+
+def test_exit_collapse_under_a_price_does_not_fire_without_a_price_or_with_spread_exits():
+    # the same collapse without a price: the compute check is silent, the gate-collapse check speaks
+    no_price = [{k: v for k, v in r.items() if k != "reward/compute"} for r in collapse_under_price(priced_records())]
+    assert ids(no_price) == ["exit_gate_collapse"]
+    # a price of zero is no price
+    assert "compute_exit_collapse" not in ids(mutate(collapse_under_price(priced_records()), 0, reward__compute=0.0))
+    # the exits narrowed but did not collapse (entropy 0.3 nats)
+    assert ids(mutate(priced_records(), 20, compute__exit_entropy=0.3)) == []
+    # collapsed only early, spread again late: not reported
+    early = mutate(priced_records(), 0, compute__exit_entropy=lambda i, r: 0.0 if i < 20 else r["compute/exit_entropy"])
+    assert ids(early) == []
+    # too few points
+    assert ids(collapse_under_price(priced_records(n=4), start=0)) == []
+
+
+def test_exit_collapse_under_a_price_from_the_gate_when_the_entropy_was_not_logged():
+    records = [{k: v for k, v in r.items() if k != "compute/exit_entropy"}
+               for r in collapse_under_price(priced_records())]
+    d = only(records, "compute_exit_collapse")
+    assert d.evidence[0].metric == "exit/p_1" and d.evidence[0].observed == pytest.approx(0.97)
+
+
+def test_gate_collapse_under_a_price_with_still_spread_recorded_exits_names_the_price():
+    records = mutate(priced_records(), 25, exit__p_1=0.93, exit__p_2=0.03, exit__p_3=0.02, exit__p_4=0.02)
+    d = only(records, "exit_gate_collapse")
+    assert d.action.startswith("lower algorithm.compute_cost")

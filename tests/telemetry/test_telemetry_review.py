@@ -34,7 +34,7 @@ def test_review_writes_reports_and_plots(compared, runs):
     report = compared
     assert report.out_dir == bad / "review"
     assert report.markdown_path.is_file() and report.html_path.is_file()
-    expected = {"reward", "kl", "loss", "grad_norm", "grad_layers", "exit", "entropy",
+    expected = {"reward", "kl", "loss", "grad_norm", "grad_layers", "exit", "entropy", "compute",
                 "mismatch", "lengths", "timings"}
     assert set(report.plots) == expected
     for path in report.plots.values():

@@ -21,8 +21,9 @@ EXPECTED = [
     "length/mean", "length/max", "length/trunc_frac", "time/rollout", "time/learner",
     "time/weight_sync", "time/step", "throughput/tokens_per_s", "memory/peak_gb", "lr",
     "lm/loss", "lm/loss_step_1", "lm/loss_step_3",
-    "rollout/exit_step_mean", "rollout/passes_per_token", "rollout/sequences", "rollout/refills",
-    "eval/solve_rate", "eval/reward_mean", "eval/exit_step_mean",
+    "compute/mean_exit", "compute/passes_per_token", "compute/exit_entropy", "reward/compute",
+    "throughput/goodput", "rollout/sequences", "rollout/refills",
+    "eval/solve_rate", "eval/reward_mean", "eval/compute/mean_exit", "eval/compute/passes_per_token",
     "eval/lm_loss", "eval/lm_loss_step_1", "eval/completion_length", "eval/exit/p_1",
     "eval/exit/p_4", "eval/exit/mean_step", "eval/exit/collapse", "eval/exit/entropy",
 ]
@@ -56,6 +57,8 @@ def test_key_builders():
         schema.exit_p_key(0)  # loops are 1-based
     with pytest.raises(ValueError):
         schema.reward_key("mean")  # would overwrite reward/mean
+    with pytest.raises(ValueError):
+        schema.reward_key("compute")  # the compute price, kept apart from the task rewards
 
 
 def test_indexed_and_named_sort_and_filter():
@@ -115,3 +118,17 @@ def test_synthetic_runs_log_only_registered_keys(make, tmp_path):
     with MetricsLogger(tmp_path, strict=True) as logger:
         for record in make():
             logger.log(record["step"], {k: v for k, v in record.items() if k != "step"})
+
+
+def test_renamed_keys_read_under_their_current_names(tmp_path):
+    """An older run's former key names come back under the current ones; no loop logs them."""
+    from rltt.telemetry import read_metrics
+
+    for old, new in schema.RENAMED.items():
+        assert schema.lookup(old) is None and schema.lookup(new) is not None
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "rollout/exit_step_mean": 2.5, '
+                                            '"rollout/passes_per_token": 2.6, "eval/exit_step_mean": 3.0}\n')
+    assert read_metrics(tmp_path) == [{"step": 1, "compute/mean_exit": 2.5, "compute/passes_per_token": 2.6,
+                                       "eval/compute/mean_exit": 3.0}]
+    assert schema.current_names({"rollout/exit_step_mean": 1.0, "compute/mean_exit": 2.0}) == \
+        {"compute/mean_exit": 2.0}

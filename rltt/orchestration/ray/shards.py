@@ -67,6 +67,7 @@ def merge(parts: list[RolloutBatch], params: SamplingParams, wall_time: float) -
         logprobs=cat("logprobs", 0.0), tempered_logprobs=cat("tempered_logprobs", 0.0), gate_probs=gates,
         forced_mask=cat("forced_mask", False),  # forced (thinking-budget) tokens stay non-actions
         kept_floor=cat("kept_floor", -1),  # the kept set (top-k/top-p) each token was drawn from
+        exit_logprobs=cat("exit_logprobs", 0.0),  # log p_{t*}: the sampler's, as recorded
         finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=join_schedules(
             [p.schedule for p in parts], [p.num_rows for p in parts]),
         params=replace(params, seed=first.params.seed), stats=stats, num_loops=first.num_loops, dtype=first.dtype,

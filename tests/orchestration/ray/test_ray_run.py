@@ -28,7 +28,7 @@ RAY = ["orchestration.backend=ray", "orchestration.ray.timeout_s=120"]
 
 
 def timing(key: str) -> bool:
-    return key.startswith("time/") or key in ("wall_time", "throughput/tokens_per_s", "memory/peak_gb") \
+    return key.startswith(("time/", "throughput/")) or key in ("wall_time", "memory/peak_gb") \
         or key == OVERLAP_SAVED
 
 
