@@ -29,9 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # _rltt_runs, when loaded from a file path
+
+from _rltt_runs import call_rltt, command, median, read_records  # noqa: E402
 
 RECIPE = "recipes/quickstart.yaml"
 BASELINE = "ppo_clip/grpo"
@@ -74,7 +74,7 @@ class Run:
 
     @property
     def command(self) -> str:
-        return "rltt " + " ".join(shlex.quote(a) for a in self.argv)
+        return command(self.argv)
 
 
 def slug(arm: str) -> str:
@@ -119,20 +119,6 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def read_records(run_dir: Path) -> list[dict]:
-    from rltt.telemetry import read_metrics
-
-    return read_metrics(run_dir)
-
-
-def median(values: list[float]) -> float:
-    v = sorted(x for x in values if math.isfinite(x))
-    if not v:
-        return float("nan")
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
-
 def summarize(run_dir: Path, steps: int) -> dict:
     """What the table reads from one finished run's metrics.jsonl."""
     records = read_records(run_dir)
@@ -158,13 +144,6 @@ def finished(run: Run, steps: int) -> bool:
         return False
 
 
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
 def execute(run: Run, args: argparse.Namespace) -> Run:
     """Run one arm as ``rltt train`` in a subprocess (the log next to its directory)."""
     if not args.fresh and finished(run, args.steps):
@@ -172,11 +151,7 @@ def execute(run: Run, args: argparse.Namespace) -> Run:
     else:
         log = args.out / f"{run.name}.log"
         start = time.perf_counter()
-        with log.open("w") as f:
-            f.write(run.command + "\n\n")
-            f.flush()
-            code = subprocess.call([sys.executable, "-m", "rltt.cli.main", *run.argv], cwd=ROOT, env=child_env(),
-                                   stdout=f, stderr=subprocess.STDOUT)
+        code = call_rltt(run.argv, log)
         run.seconds = time.perf_counter() - start
         if code:
             tail = log.read_text(errors="replace").strip().splitlines()[-3:]

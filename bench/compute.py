@@ -37,10 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shlex
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +46,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # _rltt_runs, when loaded from a file path
+
+from _rltt_runs import call_rltt, command, median, read_records  # noqa: E402
 
 RECIPE = "recipes/quickstart.yaml"
 EXIT_POLICY = "sample"
@@ -87,10 +87,6 @@ class Run:
     @property
     def eval_file(self) -> Path:
         return self.run_dir / EVAL_FILE
-
-
-def command(argv: list[str]) -> str:
-    return "rltt " + " ".join(shlex.quote(a) for a in argv)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,20 +138,6 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
                         "--out", str(run_dir / EVAL_FILE), "--bootstrap", "100"]
             runs.append(Run(lam, seed, train, evaluate, run_dir))
     return runs
-
-
-def read_records(run_dir: Path) -> list[dict]:
-    from rltt.telemetry import read_metrics
-
-    return read_metrics(run_dir)
-
-
-def median(values: list[float]) -> float:
-    v = sorted(x for x in values if isinstance(x, (int, float)) and math.isfinite(x))
-    if not v:
-        return float("nan")
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def train_summary(run_dir: Path, steps: int) -> dict:
@@ -216,21 +198,6 @@ def evaluated(run: Run) -> bool:
         return False
 
 
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def _call(argv: list[str], log: Path) -> int:
-    with log.open("a") as f:
-        f.write(command(argv) + "\n\n")
-        f.flush()
-        return subprocess.call([sys.executable, "-m", "rltt.cli.main", *argv], cwd=ROOT, env=child_env(),
-                               stdout=f, stderr=subprocess.STDOUT)
-
-
 def resumable(run: Run) -> bool:
     """The run stopped after a checkpoint: ``rltt train --resume`` continues it."""
     from rltt.runtime.checkpoint import list_checkpoints
@@ -255,7 +222,7 @@ def execute(run: Run, args: argparse.Namespace) -> Run:
     if args.fresh or not evaluated(run):
         steps.append(("eval", run.eval_argv))
     for what, argv in steps:
-        code = _call(argv, log)
+        code = call_rltt(argv, log, append=True)
         if code:
             tail = log.read_text(errors="replace").strip().splitlines()[-3:]
             run.error = f"{what}: exit status {code}: " + " | ".join(tail)

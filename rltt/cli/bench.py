@@ -17,10 +17,12 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
 def available() -> list[str]:
-    """The benchmarks: scripts ``bench/NAME.py`` and packages ``bench/NAME/`` with a ``__main__.py``."""
+    """The benchmarks: scripts ``bench/NAME.py`` and packages ``bench/NAME/`` with a ``__main__.py``
+    (``_NAME.py``: a module the scripts share, not a benchmark)."""
     if not BENCH_DIR.is_dir():
         return []
-    return sorted({p.stem for p in BENCH_DIR.glob("*.py")} | {p.parent.name for p in BENCH_DIR.glob("*/__main__.py")})
+    return sorted({p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")}
+                  | {p.parent.name for p in BENCH_DIR.glob("*/__main__.py")})
 
 
 def script(name: str) -> Path | None:
