@@ -20,7 +20,9 @@ synthetic task:
 4. **Per-loop credit**: ``algorithm.policy_logprob`` = exit / final / rltt (omega exit_pdf and
    progressive) at equal steps and seeds, with sampled exits (``rollout.exit_policy=sample``;
    under the quickstart's own ``final`` exits, exit and final are the same log-prob): held-out
-   gain and exit distribution after RL. Reported: RLTT's credit beats final-loop GRPO.
+   gain and exit distribution after RL, and each final checkpoint's ``rltt eval`` compared with
+   ``final`` (paired over problems, seeds as runs; ``--credit-arms`` picks the arms).
+   Reported: RLTT's credit beats final-loop GRPO.
 5. **Depth**: the dense twin again, on a depth-hungry task: ``recipes/pretrain-tiny.yaml`` on
    the multi-hop lookups of ``synthetic:chains`` (the answer alone: every hop is resolved inside
    the forward pass) at T = 4 and T = 1, then equal RL steps; held-out pass@1 per hop count
@@ -28,6 +30,7 @@ synthetic task:
    Reported: a looped model beats a parameter-matched dense one where depth is needed.
 
     python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit,depth]
+                          [--credit-arms final,rltt-exit_pdf] [--credit-seeds 10]
     rltt bench findings --smoke --out /tmp/findings
 
 Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes
@@ -41,8 +44,8 @@ few minutes. ``--resume`` continues an interrupted run; ``--report-only`` rebuil
 ``--retrain-t4`` runs that pretraining again.
 
 Layout: `runner` (the scale of each arm, the arms and their scheduler), `metrics` (reading the
-runs), a module per finding (`band`, `lr`, `dense`, `credit`, `depth`: its arms and its results), `plots`,
-`report` (the Markdown) and `cli` (the flags and the outputs); ``__main__`` runs `cli.main`.
+runs), a module per finding (`band`, `lr`, `dense`, `credit`, `depth`: its arms and its results), `figures`,
+`markdown` (the report) and `cli` (the flags and the outputs); ``__main__`` runs `cli.main`.
 """
 
 from .band import BANDS, POOL_PRESETS
@@ -50,7 +53,7 @@ from .cli import FINDINGS, main, parse_args, run
 from .credit import CREDIT
 from .dense import PRETRAIN_RECIPE
 from .lr import LRS
-from .report import SECTION
+from .markdown import SECTION
 from .runner import FULL, RL_RECIPE, SMOKE, Arm, Scale, T, run_arms
 
 __all__ = ["Arm", "BANDS", "CREDIT", "FINDINGS", "FULL", "LRS", "POOL_PRESETS", "PRETRAIN_RECIPE", "RL_RECIPE",

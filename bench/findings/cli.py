@@ -15,13 +15,13 @@ from pathlib import Path
 
 from . import __doc__ as package_doc
 from .band import band_arms, band_results
-from .credit import credit_arms, credit_results
+from .credit import CREDIT, credit_arms, credit_results
 from .dense import dense_arms, dense_results
 from .depth import depth_arms, depth_results
 from .lr import lr_arms, lr_results
 from .metrics import read_records
-from .plots import plot_band, plot_credit, plot_dense, plot_depth, plot_lr
-from .report import header, md_band, md_credit, md_dense, md_depth, md_lr
+from .figures import plot_band, plot_credit, plot_dense, plot_depth, plot_lr
+from .markdown import header, md_band, md_credit, md_dense, md_depth, md_lr
 from .runner import FULL, ROOT, SMOKE, Arm, Scale, rel, run_arms
 
 FINDINGS = ("band", "lr", "dense", "credit", "depth")
@@ -87,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(FINDINGS), help=f"findings to run (default {','.join(FINDINGS)})")
     parser.add_argument("--seeds", type=int, default=None, help="seeds of the band arms")
     parser.add_argument("--credit-seeds", type=int, default=None, help="seeds of the per-loop credit arms")
+    parser.add_argument("--credit-arms", default=None,
+                        help=f"comma-separated per-loop credit arms (default all: {','.join(CREDIT)})")
     parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense, credit and depth arms")
     parser.add_argument("--depth-seeds", type=int, default=None, help="RL seeds of the depth arms")
     parser.add_argument("--depth-pretrain-steps", type=int, default=None, help="pretraining steps of the depth arms")
@@ -109,6 +111,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.only = only
     if args.jobs < 1:
         parser.error("--jobs: must be >= 1")
+    if args.credit_arms is not None:
+        kinds = tuple(s.strip() for s in args.credit_arms.split(",") if s.strip())
+        unknown = [k for k in kinds if k not in CREDIT]
+        if unknown or not kinds:
+            parser.error(f"--credit-arms: unknown arm(s) {unknown} (choose from {', '.join(CREDIT)})")
+        args.credit_arms = kinds
     return args
 
 
@@ -122,6 +130,8 @@ def scale_of(args: argparse.Namespace) -> Scale:
             if value < 1:
                 raise SystemExit(f"findings: --{key.replace('_', '-')} must be >= 1")
             scale = replace(scale, **{key: value})
+    if args.credit_arms:
+        scale = replace(scale, credit_arms=args.credit_arms)
     return scale
 
 
@@ -149,6 +159,7 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
     """The command that reruns this one (the flags that differ from the defaults)."""
     flags = [f"--out {rel(out)}", *(["--smoke"] if args.smoke else []),
              *([f"--only {','.join(args.only)}"] if args.only != FINDINGS else []),
+             *([f"--credit-arms {','.join(args.credit_arms)}"] if args.credit_arms else []),
              *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds),
                                                           ("steps", args.steps),
                                                           ("lr_steps", args.lr_steps), ("eval_size", args.eval_size),

@@ -68,8 +68,8 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
             rl = f"depth-rl-T{loops}-s{seed}"
             rl_run = out / "runs" / rl
             argv = train_argv(scale, rl_run, seed, scale.rl_steps, [f"model.path={rel(run / 'final')}",
-                                                                     f"data.source={SOURCE}"])
-            argv.append("checkpoint.save_final=true")  # the evaluations read the final checkpoint
+                                                                     f"data.source={SOURCE}"],
+                              keep_final=True)  # the evaluations read the final checkpoint
             arms[rl] = Arm(rl, argv, deps=(pre,), cost=scale.rl_steps / 60 * (4 if loops == T else 2), run_dir=rl_run)
             final = rl_run / "checkpoints" / f"step-{scale.rl_steps:07d}"
             arm = eval_arm(out, scale, f"rl-T{loops}-s{seed}", final, rl)

@@ -40,6 +40,7 @@ class Scale:
     depth_eval_size: int = 512  # held-out problems of every hop count together (about a quarter each)
     pretrain: tuple[str, ...] = ()  # overrides of both pretraining arms
     reuse_t4: bool = True  # the T = 4 arm is the cached quickstart model
+    credit_arms: tuple[str, ...] = ()  # the per-loop credit arms to run (empty: all)
 
     @property
     def n_eval(self) -> int:
@@ -84,11 +85,14 @@ def rel(path: Path) -> str:
         return str(path)
 
 
-def train_argv(scale: Scale, run_dir: Path, seed: int, steps: int, extra: list[str]) -> list[str]:
+def train_argv(scale: Scale, run_dir: Path, seed: int, steps: int, extra: list[str],
+               keep_final: bool = False) -> list[str]:
+    """``rltt train`` of the quickstart recipe: held-out evaluations at the start and the end, no
+    checkpoint unless ``keep_final`` (the final one, for a later ``rltt eval``)."""
     return ["train", RL_RECIPE, *extra, f"seed={seed}", f"train.steps={steps}", f"train.eval_every={steps}",
             f"data.eval_size={scale.eval_size}", f"train.eval_samples={scale.eval_samples}", "train.threads=1",
             f"logging.run_dir={rel(run_dir)}", "logging.progress=false", "logging.review_at_end=false",
-            "checkpoint.every=0", "checkpoint.save_final=false"]
+            "checkpoint.every=0", f"checkpoint.save_final={str(keep_final).lower()}"]
 
 
 def train_arm(out: Path, scale: Scale, name: str, seed: int, steps: int, extra: list[str], cost: float,

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from rltt.curation.recipes import curate_recipe
     from rltt.orchestration.train_recipe import load_train_recipe
 
-    from rltt.curation.curate import CurationPaths
+    from rltt.curation.curation_loop import CurationPaths
 
     band = Band.parse(args.band)
     recipe = load_train_recipe(args.recipe, args.overrides)

@@ -41,7 +41,7 @@ def _load(args):
     """The recipe and the device to plan for (``cuda`` | ``cpu``)."""
     from rltt.errors import ConfigError, RlttError
     from rltt.orchestration.train_recipe import load_train_recipe
-    from rltt.planning.plan import recipe_device
+    from rltt.planning.memory_plan import recipe_device
 
     if args.gpus < 1:
         raise RlttError(f"--gpus must be >= 1, got {args.gpus}")
@@ -86,7 +86,7 @@ def _device_bytes(args, device: str, placement: str) -> tuple[int, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     from rltt.planning import plan_run
-    from rltt.planning.report import format_plan
+    from rltt.planning.plan_table import format_plan
     from rltt.planning.sources import model_config
 
     recipe, device = _load(args)

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Review, print the summary; the exit status follows ``--fail-on``."""
-    from rltt.telemetry.review import format_summary, review
+    from rltt.telemetry.run_review import format_summary, review
 
     report = review(args.run_dir, compare=args.compare, out_dir=args.out,
                     plots=not args.no_plots)

@@ -6,7 +6,7 @@
   (`RecordJournal`).
 """
 
-from rltt.curation.curate import (KEPT_FIELDS, RECORD_FIELDS, CurationJob, CurationPaths, CurationResult,
+from rltt.curation.curation_loop import (KEPT_FIELDS, RECORD_FIELDS, CurationJob, CurationPaths, CurationResult,
                                   prompt_seed, run_curation)
 from rltt.curation.histogram import Band, plot_histogram, solve_rate_bins, text_histogram
 from rltt.curation.recipes import EvalReport, RecipePolicy, curate_recipe, evaluate_recipe

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rltt.curation.curate import CurationJob, CurationResult, check_existing_output, run_curation
+from rltt.curation.curation_loop import CurationJob, CurationResult, check_existing_output, run_curation
 from rltt.curation.histogram import Band
 from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.reasoning import thinking_budget

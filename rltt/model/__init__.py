@@ -11,7 +11,7 @@ AutoConfig.register(LoopConfig.model_type, LoopConfig, exist_ok=True)
 AutoModel.register(LoopConfig, LoopedModel, exist_ok=True)
 AutoModelForCausalLM.register(LoopConfig, LoopedForCausalLM, exist_ok=True)
 
-from rltt.model.convert import loopify  # noqa: E402
+from rltt.model.dense_to_loop import loopify  # noqa: E402
 from rltt.model.load import load_looped  # noqa: E402
 from rltt.model.ouro import load_ouro  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rltt.errors import RlttError
-from rltt.model.convert import SUPPORTED, loopify
+from rltt.model.dense_to_loop import SUPPORTED, loopify
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.model.ouro import load_ouro
 

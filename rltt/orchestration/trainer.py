@@ -52,7 +52,7 @@ from rltt.orchestration.prompt_stream import PromptLimit, PromptStream, eval_tas
 from rltt.orchestration.ray.driver import RAY
 from rltt.orchestration.saver import STATE_FILE, CheckpointSaver
 from rltt.orchestration.train_recipe import TrainRecipe
-from rltt.planning.plan import plan_here
+from rltt.planning.memory_plan import plan_here
 from rltt.runtime.checkpoint import checkpoint_dir, clean_stale, require_run, rng_state, set_rng_state
 from rltt.runtime.guard import NonFiniteGuard
 from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir

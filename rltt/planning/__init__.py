@@ -10,7 +10,7 @@
 - `sources`, `report`: the config.json and device memory for the CLI, and the printed table.
 """
 
-from rltt.planning.plan import MemoryPlan, plan_run
+from rltt.planning.memory_plan import MemoryPlan, plan_run
 from rltt.planning.shapes import ModelShape, model_shape
 
 __all__ = ["MemoryPlan", "ModelShape", "model_shape", "plan_run"]

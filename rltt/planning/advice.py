@@ -61,7 +61,7 @@ def _task_changes(s: RunSettings):
 
 def problem_line(shape: ModelShape, s: RunSettings, device_bytes: int, plan, plan_settings) -> str:
     """One line: what does not fit and the recipe keys that would make it fit; ``plan_settings``
-    re-plans a changed setting (`rltt.planning.plan.plan_settings`)."""
+    re-plans a changed setting (`rltt.planning.memory_plan.plan_settings`)."""
     failing = [name for name, value in plan.phases.items() if value > device_bytes or
                (name == "rollout" and plan.rollout_rows_per_chunk == 0)]
     head = f"does not fit in {gib(device_bytes)} GiB per device: " + _what_fails(s, device_bytes, plan)

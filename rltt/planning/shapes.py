@@ -7,7 +7,7 @@ Three kinds of config.json, dispatched on ``model_type`` as `rltt.model.load.loa
 - ``ouro``: mapped by `rltt.model.ouro.ouro_to_loop_config` (``total_ut_steps`` → ``num_loops``,
   sandwich norms, carried final norm, no injection);
 - ``qwen3 | qwen2 | llama | mistral``: a dense model that ``model.convert`` (the keyword
-  arguments of `rltt.model.convert.loopify`) turns into a looped one, mapped by
+  arguments of `rltt.model.dense_to_loop.loopify`) turns into a looped one, mapped by
   `loop_config_from_dense` with loopify's defaults for what the recipe leaves out (T = 3,
   scalar injection).
 
@@ -147,7 +147,7 @@ def loop_config_from_json(config: dict, convert: dict | None = None) -> tuple[Lo
 def _dense_loop_config(config: dict, convert: dict) -> LoopConfig:
     from transformers import AutoConfig
 
-    from rltt.model.convert import loop_config_from_dense, loopify
+    from rltt.model.dense_to_loop import loop_config_from_dense, loopify
 
     fields = {k: v for k, v in config.items() if k != "model_type"}
     dense = AutoConfig.for_model(config["model_type"], **fields)

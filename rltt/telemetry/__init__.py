@@ -9,7 +9,7 @@
   its TensorBoard / W&B implementations (optional packages, imported when used).
 - :mod:`rltt.telemetry.stats` — the helpers that compute grad norms, exit/entropy/mismatch
   stats, peak memory and timings.
-- :mod:`rltt.telemetry.review` — :func:`review`, :func:`format_summary`, :func:`maybe_review`
+- :mod:`rltt.telemetry.run_review` — :func:`review`, :func:`format_summary`, :func:`maybe_review`
   (diagnoses in :mod:`~rltt.telemetry.diagnoses`, figures in :mod:`~rltt.telemetry.plots`).
 
 The review modules (matplotlib) are imported lazily, so importing the logger stays cheap.
@@ -28,16 +28,14 @@ from rltt.telemetry.stats import (
 
 __all__ = [
     "MetricsLogger", "Timer", "entropy_stats", "exit_stats", "grad_norms", "mismatch_stats",
-    "peak_memory_gb", "read_metrics", "truncate_metrics", "maybe_review", "format_summary",
-    "Report",
+    "peak_memory_gb", "read_metrics", "truncate_metrics", "review", "maybe_review",
+    "format_summary", "Report",
 ]
 
 
 def __getattr__(name: str):
-    # (the function ``review`` is reached as ``rltt.telemetry.review.review``: the
-    # submodule of the same name would shadow it here)
-    if name in ("maybe_review", "format_summary", "Report"):
-        from rltt.telemetry import review as _review
+    if name in ("review", "maybe_review", "format_summary", "Report"):
+        from rltt.telemetry import run_review as _review
 
         return getattr(_review, name)
     raise AttributeError(f"module 'rltt.telemetry' has no attribute {name!r}")

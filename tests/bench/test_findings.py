@@ -54,6 +54,9 @@ def test_only_rejects_unknown_findings():
     with pytest.raises(SystemExit):
         bench.parse_args(["--only", "band,nope"])
     assert bench.parse_args(["--only", "lr,credit"]).only == ("lr", "credit")
+    assert bench.parse_args(["--credit-arms", "final, rltt-exit_pdf"]).credit_arms == ("final", "rltt-exit_pdf")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--credit-arms", "final,bogus"])
 
 
 @pytest.mark.slow
@@ -78,7 +81,7 @@ def check_smoke_outputs(bench, out: Path) -> None:
     expected = {"band-pool", "band-curate-low", "band-curate-mixed", "band-curate-high",
                 *(f"band-{b}-s0" for b in bench.BANDS), *(f"lr-{lr:.0e}-s0" for lr in bench.LRS),
                 "dense-pretrain-T4", "dense-pretrain-T1", "dense-rl-T4-s0", "dense-rl-T1-s0",
-                *(f"credit-{k}-s0" for k in bench.CREDIT),
+                *(f"credit-{k}-s0{e}" for k in bench.CREDIT for e in ("", "-eval")),
                 *(f"depth-{a}-T{t}" for a in ("pretrain", "eval-pre") for t in (4, 1)),
                 *(f"depth-{a}-T{t}-s0" for a in ("rl", "eval-rl") for t in (4, 1))}
     assert set(arms) == expected
@@ -100,6 +103,13 @@ def check_smoke_outputs(bench, out: Path) -> None:
     for loops in ("T4", "T1"):
         assert res["dense"][loops]["pretrain"]["lm_loss"] > 0 and res["dense"][loops]["seeds"] == 1
     assert all(res["credit"][k]["seeds"] == 1 for k in bench.CREDIT)
+    # credit: every final checkpoint evaluated, every arm compared with final on the same problems
+    for k in bench.CREDIT:
+        assert res["credit"][k]["eval_seeds"] == 1 and 0.0 <= res["credit"][k]["pass1"]["mean"] <= 1.0
+        evaluated = json.loads((Path(arms[f"credit-{k}-s0"]["run_dir"]) / "eval.json").read_text())
+        assert len(evaluated["problems"]) == bench.SMOKE.eval_size
+    assert set(res["credit"]["vs_final"]) == set(bench.CREDIT) - {"final"}
+    assert all(0.0 <= d["p_value"] <= 1.0 and "ci95" in d for d in res["credit"]["vs_final"].values())
     # depth: every model's held-out eval split by hop count (each problem's hops regenerated from its id)
     depth = res["depth"]
     for stage in ("pre", "rl"):

@@ -103,7 +103,7 @@ def test_curate_never_overwrites_its_inputs(recipe, tmp_path, capsys):
     # --kept set to the recipe file's path (a .jsonl recipe is still the recipe)
     jsonl_recipe = tmp_path / "recipe.jsonl"
     jsonl_recipe.write_text(recipe.read_text())
-    from rltt.curation.curate import CurationPaths
+    from rltt.curation.curation_loop import CurationPaths
     from rltt.errors import RlttError
 
     with pytest.raises(RlttError, match="the recipe file"):

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from rltt.curation import Band, CurationJob, CurationPaths, prompt_seed, run_curation
-from rltt.curation.curate import check_existing_output
+from rltt.curation.curation_loop import check_existing_output
 from rltt.data.gsm8k import load_gsm8k
 from rltt.errors import RlttError
 from rltt.orchestration.prompt_stream import PromptStream

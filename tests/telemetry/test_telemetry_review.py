@@ -5,7 +5,7 @@ import pytest
 
 from rltt.cli.main import main
 from rltt.errors import RlttError
-from rltt.telemetry.review import format_summary, maybe_review, review
+from rltt.telemetry.run_review import format_summary, maybe_review, review
 from tests.telemetry.telemetry_synth import healthy_records, mutate, write_run
 
 

@@ -11,7 +11,7 @@ import yaml
 from tests.telemetry.telemetry_synth import healthy_records, mutate, write_run
 
 from rltt.telemetry import diagnoses as dx
-from rltt.telemetry.review import review
+from rltt.telemetry.run_review import review
 from rltt.telemetry.series import RunData
 
 QUICKSTART = Path(__file__).parent / "data" / "quickstart_80_steps.jsonl"

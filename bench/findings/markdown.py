@@ -126,22 +126,33 @@ def md_dense(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
 
 
 def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
+    kinds = res.get("kinds", list(CREDIT))
     rows = []
-    for kind in CREDIT:
+    for kind in kinds:
         r = res[kind]
         p0 = ", ".join(fmt(v, ".2f") for v in r.get("exit_p_first", [])) or "–"
         p1 = ", ".join(fmt(v, ".2f") for v in r.get("exit_p_last", [])) or "–"
-        rows.append([kind, span(r, "solve_start", "solve_end"), gain_cell(r), f"{p0} → {p1}",
-                     span(r, "exit_step_start", "exit_step_end", ".2f"), fmt(r.get("step_seconds", NAN), ".2f")])
-    verdicts = [res["exit_vs_final"][2], *(v[2] for v in res["rltt_vs_final"].values())]
+        rows.append([kind, span(r, "solve_start", "solve_end"), gain_cell(r), _pass1_cell(r.get("pass1")),
+                     _diff_cell(res.get("vs_final", {}).get(kind)) if kind != "final" else "(baseline)",
+                     f"{p0} → {p1}", span(r, "exit_step_start", "exit_step_end", ".2f"),
+                     fmt(r.get("step_seconds", NAN), ".2f")])
+    verdicts = [r["gain_vs_final"][2] for r in (res[k] for k in kinds) if "gain_vs_final" in r]
+    paired = [f"{kind} − final, final checkpoints (`rltt eval`, {scale.eval_size} problems × {scale.eval_samples} "
+              f"samples per seed): {_diff_cell(d)} ({d.get('test', '?')} test)"
+              for kind, d in res.get("vs_final", {}).items() if d and "error" not in d]
     return paragraphs(
         "### 4. Per-loop credit",
         f"The quickstart recipe with `rollout.exit_policy=sample` (each token's exit drawn from the gate) and each "
         f"`algorithm.policy_logprob`, {scale.rl_steps} steps, {scale.credit_seeds} seed(s), the same seeds for every arm. "
-        "Held-out evaluation samples exits too.",
-        table(["policy_logprob", "held-out start → end", "held-out gain, points",
-               "rollout exit p_1..p_4: first step → last 10 % of steps", "held-out mean exit step", "step s"], rows),
-        "\n".join(f"- {v}." for v in verdicts), f"![per-loop credit]({fig})", "Commands:", commands(arms, "credit-"))
+        "Held-out evaluation samples exits too. Gain: the run's own held-out evaluations (step 0 → last), mean over "
+        "seeds ± binomial SE. pass@1: the final checkpoints under `rltt eval`, pooled over seeds (two-level bootstrap "
+        "over problems and seeds, 95 % interval); Δ: minus `final` on the same problems, 95 % interval and p-value "
+        "(permutation of whole runs between the arms).",
+        table(["policy_logprob", "held-out start → end", "held-out gain, points", "final pass@1 [95 % CI]",
+               "Δ pass@1 vs final [95 % CI], p", "rollout exit p_1..p_4: first step → last 10 % of steps",
+               "held-out mean exit step", "step s"], rows),
+        "\n".join(f"- {v}." for v in [*verdicts, *paired]), f"![per-loop credit]({fig})", "Commands:",
+        commands(arms, "credit-"))
 
 
 def _pass1_cell(est: dict | None) -> str:

@@ -121,7 +121,7 @@ def plot_dense(res: dict, path: Path) -> None:
 def plot_credit(res: dict, path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(10, 3))
-    names = list(CREDIT)
+    names = res.get("kinds", list(CREDIT))
     aggs = [res[n] for n in names]
     _bars(axes[0], [n.replace("rltt-", "rltt\n") for n in names], aggs)
     axes[0].set(title="held-out gain (points)")
