@@ -23,9 +23,9 @@ A hub set loads its default config unless `rltt.data.gsm8k.HUB_CONFIGS` names an
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from rltt.data.boxed import last_boxed
 from rltt.errors import RlttError
 
 
@@ -59,21 +59,7 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 """The MATH-style layouts, tried in order on a record that has no ``question`` field."""
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 QUESTION_FIELDS = frozenset(f for layout in LAYOUTS for f in layout.question)
-
-
-def last_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{…}`` (or ``\\fbox{…}``, balanced braces) in ``text``."""
-    found = None
-    for match in _BOXED.finditer(text):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            found = text[match.end(): i - 1].strip()
-    return found
 
 
 def _first(record: dict, names: tuple[str, ...]):

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from rltt.data.boxed import boxed_contents, boxed_spans
 from rltt.data.gsm8k import extract_final_answer, normalize_number
 from rltt.errors import RlttError
 
 OPEN, CLOSE = "<think>", "</think>"
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HASHES = re.compile(r"####")
 
 
@@ -56,23 +56,10 @@ def answer_part(text: str, open: str = OPEN, close: str = CLOSE) -> str:
     return split_thinking(text, open, close).answer
 
 
-def boxed_contents(text: str) -> list[str]:
-    """The contents of every ``\\boxed{…}`` (balanced braces) in ``text``, in order."""
-    out = []
-    for match in _BOXED.finditer(text):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[match.end(): i - 1])
-    return out
-
-
 def final_answer_text(text: str) -> str | None:
     """The raw final answer of ``text``: the content of its last ``\\boxed{…}`` or what follows
     its last ``####`` on that line, whichever comes later; None when it has neither."""
-    boxed = [(m.start(), content) for m, content in zip(_BOXED.finditer(text), boxed_contents(text))]
+    boxed = boxed_spans(text)
     hashes = [m for m in _HASHES.finditer(text)]
     last_box = boxed[-1] if boxed else None
     last_hash = hashes[-1] if hashes else None
