@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # _rltt_runs, when loaded from a file path
 
-from _rltt_runs import call_rltt, command, median, read_records  # noqa: E402
+from _rltt_runs import SMOKE_OVERRIDES, call_rltt, command, failure, mean_se, median, read_records, \
+    train_argv  # noqa: E402
 
 RECIPE = "recipes/quickstart.yaml"
 BASELINE = "ppo_clip/grpo"
@@ -52,9 +53,6 @@ ARMS: dict[str, tuple[str, ...]] = {
     "reinforce_pp": ("algorithm.advantage=reinforce_pp", "algorithm.advantage_scale=batch"),
 }
 #: what ``--smoke`` shrinks (besides one seed and 2 steps)
-SMOKE_OVERRIDES = ("data.eval_size=8", "train.eval_samples=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
-                   "rollout.max_new_tokens=12", "learner.micro_batch_size=8")
-
 
 @dataclass
 class Run:
@@ -107,15 +105,9 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
     for arm in args.arms:
         for seed in range(args.seeds):
             run_dir = args.out / f"{slug(arm)}-s{seed}"
-            argv = ["train", RECIPE, *ARMS[arm], f"seed={seed}", f"train.steps={args.steps}",
-                    f"train.eval_every={args.steps}", "train.threads=1", f"logging.run_dir={run_dir}",
-                    "logging.progress=false", "logging.review_at_end=false", "checkpoint.every=0",
-                    "checkpoint.save_final=false"]
-            if args.model:
-                argv.append(f"model.path={args.model}")
-            if args.smoke:
-                argv += SMOKE_OVERRIDES
-            runs.append(Run(arm, seed, argv, run_dir))
+            overrides = [*ARMS[arm], f"seed={seed}", *([f"model.path={args.model}"] if args.model else []),
+                         *(SMOKE_OVERRIDES if args.smoke else ())]
+            runs.append(Run(arm, seed, train_argv(RECIPE, overrides, args.steps, run_dir), run_dir))
     return runs
 
 
@@ -154,8 +146,7 @@ def execute(run: Run, args: argparse.Namespace) -> Run:
         code = call_rltt(run.argv, log)
         run.seconds = time.perf_counter() - start
         if code:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-            run.error = f"exit status {code}: " + " | ".join(tail)
+            run.error = failure(log, code)
             print(f"  {run.name}: FAILED ({run.error})", file=sys.stderr)
             return run
         print(f"  {run.name}: {run.seconds:.0f}s", file=sys.stderr)
@@ -165,17 +156,9 @@ def execute(run: Run, args: argparse.Namespace) -> Run:
 
 def aggregate(summaries: list[dict]) -> dict:
     """Mean ± standard error over seeds (SE NaN with one seed)."""
-    def mean_se(key: str) -> tuple[float, float]:
-        v = [s[key] for s in summaries if math.isfinite(s[key])]
-        if not v:
-            return float("nan"), float("nan")
-        m = sum(v) / len(v)
-        se = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v)) if len(v) > 1 else float("nan")
-        return m, se
-
     out = {"seeds": len(summaries)}
     for key in ("gain", "solve_end", "train_solve_rate", "step_seconds", "kl_median", "clip_frac"):
-        out[key], out[key + "_se"] = mean_se(key)
+        out[key], out[key + "_se"] = mean_se([s[key] for s in summaries])
     return out
 
 

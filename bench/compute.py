@@ -48,15 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # _rltt_runs, when loaded from a file path
 
-from _rltt_runs import call_rltt, command, median, read_records  # noqa: E402
+from _rltt_runs import SMOKE_OVERRIDES, call_rltt, command, failure, mean_se, median, read_records, \
+    train_argv  # noqa: E402
 
 RECIPE = "recipes/quickstart.yaml"
 EXIT_POLICY = "sample"
 LAMBDAS = (0.0, 0.1, 0.3, 1.0)
 SMOKE_LAMBDAS = (0.0, 0.5)
-#: what ``--smoke`` shrinks (besides one seed, 2 steps and 1 evaluation sample)
-SMOKE_OVERRIDES = ("data.eval_size=8", "train.eval_samples=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
-                   "rollout.max_new_tokens=12", "learner.micro_batch_size=8")
 #: the goal: the mean exit step this much below λ = 0's ...
 EXIT_FALL_GOAL = 0.25
 #: ... with pass@1 at most this many standard errors (of the difference) below λ = 0's
@@ -130,9 +128,7 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
                 recipe.append(f"model.path={args.model}")
             if args.smoke:
                 recipe += SMOKE_OVERRIDES
-            train = ["train", RECIPE, *recipe, f"train.steps={args.steps}", f"train.eval_every={args.steps}",
-                     "train.threads=1", f"logging.run_dir={run_dir}", "logging.progress=false",
-                     "logging.review_at_end=false", f"checkpoint.every={CHECKPOINT_EVERY}"]
+            train = train_argv(RECIPE, recipe, args.steps, run_dir, checkpoint_every=CHECKPOINT_EVERY)
             final = run_dir / "checkpoints" / f"step-{args.steps:07d}"
             evaluate = ["eval", RECIPE, *recipe, "--model", str(final), "--samples", str(args.eval_samples),
                         "--out", str(run_dir / EVAL_FILE), "--bootstrap", "100"]
@@ -224,24 +220,13 @@ def execute(run: Run, args: argparse.Namespace) -> Run:
     for what, argv in steps:
         code = call_rltt(argv, log, append=True)
         if code:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-            run.error = f"{what}: exit status {code}: " + " | ".join(tail)
+            run.error = f"{what}: {failure(log, code)}"
             print(f"  {run.name}: FAILED ({run.error})", file=sys.stderr)
             return run
     run.seconds = time.perf_counter() - start
     print(f"  {run.name}: " + (f"{run.seconds:.0f}s" if steps else "reused"), file=sys.stderr)
     run.summary = summarize(run, args.steps)
     return run
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean ± standard error over seeds (SE NaN with one value)."""
-    v = [x for x in values if math.isfinite(x)]
-    if not v:
-        return float("nan"), float("nan")
-    m = sum(v) / len(v)
-    se = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v)) if len(v) > 1 else float("nan")
-    return m, se
 
 
 KEYS = ("solve_start", "solve_end", "exit_start", "exit_end", "ppt_start", "ppt_end", "tok_s_first", "tok_s_last",
