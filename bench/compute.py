@@ -17,10 +17,17 @@ prints one Markdown row per λ:
   (``compute/passes_per_token``): medians of the first and of the last tenth of the steps;
 - the penalty paid late in training (``reward/compute``);
 - the goal: a mean exit step ≥ 25 % below λ = 0's with pass@1 no more than 2 SE (of the difference)
-  below λ = 0's.
+  below λ = 0's;
+
+and then a speed check in this process: each price's first-seed final checkpoint rolled out on the
+same held-out prompts (the recipe's sampling, deferred schedule, one thread, the prices interleaved,
+the fastest of ``--speed-repeats``): completion tokens per CPU second, serial passes and passes per
+token, and the ratio to λ = 0 — the same rollout code on the same prompts, so a lower exit step
+shows as speed without the noise of other jobs that the training runs' own tokens/s carry.
 
     python bench/compute.py [--lambdas 0,0.1,0.3,1] [--seeds 5] [--steps 150] [--eval-samples 4]
                             [--out runs/bench-compute] [--jobs 1] [--model PATH] [--fresh] [--no-exit-action]
+                            [--speed-repeats 3] [--speed-prompts 32]
     python bench/compute.py --smoke        # λ = 0 and 0.5, one seed, 2 steps at toy size
 
 The full run (4 λ × 5 seeds × 150 steps, then 256 held-out problems × 4 samples per run) takes many
@@ -100,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="runs at once (throughput compares only with 1)")
     p.add_argument("--fresh", action="store_true", help="rerun and re-evaluate runs that already finished")
     p.add_argument("--smoke", action="store_true", help="λ = 0 and 0.5, 1 seed, 2 steps, toy evaluation")
+    p.add_argument("--speed-repeats", type=int, default=3,
+                   help="rollouts per price in the same-process speed check (fastest counts; 0: skip it)")
+    p.add_argument("--speed-prompts", type=int, default=32, help="held-out prompts per speed-check rollout")
     p.add_argument("--no-exit-action", dest="exit_action", action="store_false",
                    help="leave algorithm.exit_action off (the gate then gets no gradient from the exit log-prob)")
     args = p.parse_args(argv)
@@ -112,8 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lambdas = tuple(lambdas)
     if args.smoke:
         args.lambdas, args.seeds, args.steps, args.eval_samples = SMOKE_LAMBDAS, 1, 2, 1
-    if args.seeds < 1 or args.steps < 1 or args.eval_samples < 1:
-        p.error("--seeds, --steps and --eval-samples must be >= 1")
+        args.speed_prompts, args.speed_repeats = 2, min(args.speed_repeats, 1)
+    if args.seeds < 1 or args.steps < 1 or args.eval_samples < 1 or args.speed_prompts < 1:
+        p.error("--seeds, --steps, --eval-samples and --speed-prompts must be >= 1")
+    if args.speed_repeats < 0:
+        p.error("--speed-repeats must be >= 0")
     return args
 
 
@@ -306,6 +319,72 @@ def format_table(results: dict[float, dict], steps: int, samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rollout_speed(runs: list[Run], steps: int, prompts: int, repeats: int) -> dict[float, dict]:
+    """Per price, its first seed's final checkpoint rolled out in this process on the same held-out
+    prompts with the recipe's sampling (deferred schedule, sampled exits, G rows per prompt, one
+    thread), the prices interleaved ``repeats`` times: completion tokens per CPU second of the
+    fastest rollout, serial passes of the batch and per token (each row's passes over its tokens)."""
+    import torch
+
+    from rltt.data.prompts import recipe_prompt_renderer
+    from rltt.orchestration.engines import make_engine
+    from rltt.orchestration.policy import load_policy, stop_ids
+    from rltt.orchestration.prompt_stream import eval_tasks
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.rollout import SamplingParams
+
+    torch.set_num_threads(1)
+    first = {}
+    for run in runs:
+        if not run.error and run.summary and run.lam not in first:
+            first[run.lam] = run
+    if not first:
+        return {}
+    recipe = load_train_recipe(ROOT / RECIPE, [a for a in first[min(first)].train_argv[2:] if "=" in a])
+    engines, tokenizer = {}, None
+    for lam, run in first.items():
+        net, tokenizer = load_policy(run.run_dir / "checkpoints" / f"step-{steps:07d}", recipe.model.dtype, "cpu",
+                                     recipe.model.convert)
+        engines[lam] = make_engine(recipe.rollout, net.eval())
+    d = recipe.data
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    tasks = eval_tasks(d.eval_source, d.source, encode, recipe_prompt_renderer(d, tokenizer), d.eval_split, prompts,
+                       d.seed)
+    ro = recipe.rollout
+    params = SamplingParams(n=ro.group_size, seed=recipe.seed, temperature=ro.temperature, top_p=ro.top_p,
+                            top_k=ro.top_k, max_new_tokens=ro.max_new_tokens, stop_token_ids=stop_ids(tokenizer),
+                            exit_policy=ro.exit_policy, schedule=ro.schedule)
+    best: dict[float, dict] = {}
+    for _ in range(repeats):
+        for lam, engine in engines.items():
+            start = time.process_time()
+            batch = engine.generate([t.prompt_ids for t in tasks], params)
+            cpu = time.process_time() - start
+            stats = batch.stats
+            row_passes = float(stats.row_passes.sum()) if stats.row_passes is not None else float("nan")
+            row = {"group": ro.group_size, "tokens": stats.tokens, "cpu_s": cpu, "tok_per_cpu_s": stats.tokens / cpu, "passes": stats.passes,
+                   "passes_per_token": row_passes / max(1, stats.tokens),
+                   "mean_exit": float(batch.exit_steps[batch.action_mask].float().mean())}
+            if lam not in best or row["tok_per_cpu_s"] > best[lam]["tok_per_cpu_s"]:
+                best[lam] = row
+    return best
+
+
+def format_speed(speed: dict[float, dict], prompts: int, repeats: int) -> str:
+    if not speed:
+        return ""
+    group = next(iter(speed.values()))["group"]
+    base = speed.get(0.0, {}).get("tok_per_cpu_s", float("nan"))
+    lines = [f"Same-process rollouts of each price's seed-0 final checkpoint ({prompts} held-out prompts × G = {group}, "
+             f"deferred schedule, sampled exits, one thread, fastest of {repeats}):", "",
+             "| λ | completion tokens | mean exit step | serial passes (batch) | passes/token (per row) | "
+             "tokens per CPU s | × λ = 0 |", "|---|---|---|---|---|---|---|"]
+    for lam, r in speed.items():
+        lines.append(f"| {lam:g} | {r['tokens']} | {r['mean_exit']:.2f} | {r['passes']} | {r['passes_per_token']:.2f} | "
+                     f"{r['tok_per_cpu_s']:.0f} | {r['tok_per_cpu_s'] / base:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out = args.out.resolve()
@@ -322,8 +401,11 @@ def main(argv: list[str] | None = None) -> int:
             r["diff"] = compare(r, base)
             r["goal"] = goal(r, base)
     table = format_table(results, args.steps, args.eval_samples)
+    speed = rollout_speed(done, args.steps, args.speed_prompts, args.speed_repeats) if args.speed_repeats else {}
+    if speed:
+        table += "\n" + format_speed(speed, args.speed_prompts, args.speed_repeats)
     report = {"steps": args.steps, "seeds": args.seeds, "eval_samples": args.eval_samples, "smoke": args.smoke,
-              "exit_action": args.exit_action,
+              "exit_action": args.exit_action, "speed": {f"{lam:g}": r for lam, r in speed.items()},
               "results": {f"{lam:g}": r for lam, r in results.items()},
               "runs": [{"lambda": r.lam, "seed": r.seed, "train": command(r.train_argv), "eval": command(r.eval_argv),
                         "run_dir": str(r.run_dir), "seconds": r.seconds, "error": r.error, **r.summary}

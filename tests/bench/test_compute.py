@@ -83,7 +83,13 @@ def test_smoke_mode_trains_evaluates_and_resumes(tmp_path, capsys):
     assert "diff" in report["results"]["0.5"] and "goal" in report["results"]["0.5"]
     table = capsys.readouterr().out
     rows = [line for line in table.splitlines() if line.startswith("| ")]
-    assert len(rows) == 3 and "mean exit step" in rows[0]
+    assert len(rows) == 6 and "mean exit step" in rows[0] and "tokens per CPU s" in rows[3]
+    # the same-process speed check: each price's final checkpoint rolled out on the same prompts
+    speed = report["speed"]
+    assert set(speed) == {"0", "0.5"} and rows[4].startswith("| 0 |") and rows[4].endswith("| 1.00 |")
+    for r in speed.values():
+        assert r["tokens"] > 0 and r["tok_per_cpu_s"] > 0 and 1.0 <= r["mean_exit"] <= 3.0
+        assert 1.0 <= r["passes_per_token"] <= 3.0 + 1e-9 and r["passes"] >= 1
     log = (out / "lam0.5-s0.log").read_text()
     assert log.startswith("rltt train recipes/quickstart.yaml rollout.exit_policy=sample algorithm.exit_action=true "
                           "algorithm.compute_cost=0.5")
