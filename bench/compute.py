@@ -27,7 +27,7 @@ shows as speed without the noise of other jobs that the training runs' own token
 
     python bench/compute.py [--lambdas 0,0.1,0.3,1] [--seeds 5] [--steps 150] [--eval-samples 4]
                             [--out runs/bench-compute] [--jobs 1] [--model PATH] [--fresh] [--no-exit-action]
-                            [--speed-repeats 3] [--speed-prompts 32]
+                            [--speed-repeats 3] [--speed-prompts 32] [--compute-price reward|advantage]
     python bench/compute.py --smoke        # λ = 0 and 0.5, one seed, 2 steps at toy size
 
 The full run (4 λ × 5 seeds × 150 steps, then 256 held-out problems × 4 samples per run) takes many
@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speed-repeats", type=int, default=3,
                    help="rollouts per price in the same-process speed check (fastest counts; 0: skip it)")
     p.add_argument("--speed-prompts", type=int, default=32, help="held-out prompts per speed-check rollout")
+    p.add_argument("--compute-price", choices=("reward", "advantage"), default="reward",
+                   help="algorithm.compute_price of the priced runs (λ = 0 runs are the same run either way)")
     p.add_argument("--no-exit-action", dest="exit_action", action="store_false",
                    help="leave algorithm.exit_action off (the gate then gets no gradient from the exit log-prob)")
     args = p.parse_args(argv)
@@ -137,6 +139,8 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
             run_dir = args.out / f"lam{lam:g}-s{seed}"
             recipe = [f"rollout.exit_policy={EXIT_POLICY}", f"algorithm.exit_action={str(args.exit_action).lower()}",
                       f"algorithm.compute_cost={lam:g}", f"seed={seed}"]
+            if args.compute_price != "reward" and lam > 0:
+                recipe.insert(3, f"algorithm.compute_price={args.compute_price}")
             if args.model:
                 recipe.append(f"model.path={args.model}")
             if args.smoke:
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if speed:
         table += "\n" + format_speed(speed, args.speed_prompts, args.speed_repeats)
     report = {"steps": args.steps, "seeds": args.seeds, "eval_samples": args.eval_samples, "smoke": args.smoke,
-              "exit_action": args.exit_action, "speed": {f"{lam:g}": r for lam, r in speed.items()},
+              "exit_action": args.exit_action, "compute_price": args.compute_price, "speed": {f"{lam:g}": r for lam, r in speed.items()},
               "results": {f"{lam:g}": r for lam, r in results.items()},
               "runs": [{"lambda": r.lam, "seed": r.seed, "train": command(r.train_argv), "eval": command(r.eval_argv),
                         "run_dir": str(r.run_dir), "seconds": r.seconds, "error": r.error, **r.summary}

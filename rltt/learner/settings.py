@@ -49,6 +49,11 @@ class AlgorithmConfig:
     ``dynamic_sampling``: drop groups whose rewards are all equal and refill the batch.
     ``compute_cost``: λ ≥ 0, a price on compute — λ · (mean recorded exit step of a completion's
     sampled tokens) / T is subtracted from its reward before the advantages (docs/design.md §5.11).
+    ``compute_price``: where the price enters — ``reward`` (subtracted from the reward, then the
+    advantage estimator and its normaliser; under ``advantage_scale: group`` a group whose task
+    rewards all tie gets its whole advantage from the price, scaled to unit size) or ``advantage``
+    (the advantages come from the task reward alone, then each row's price, centred in its group
+    and unscaled, is subtracted: the price weighs λ against a unit of task advantage).
     ``exit_action``: the exit step is part of the action — the policy log-prob (loss, ratio, KL on
     the policy log-prob, mismatch) is the joint log π(t*, y) = log p_{t*} + log P^(t*)(y), so the
     gate gets a gradient (docs/design.md §5.12); needs the ``exit`` log-prob and sampled exits.
@@ -82,6 +87,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_refills: NonNegativeInt = 4
     compute_cost: NonNegativeFloat = 0.0  # λ: the reward given up by a completion whose every token runs all T loops
+    compute_price: Literal["reward", "advantage"] = "reward"  # where the price enters (see above)
     exit_action: bool = False  # the sampled exit step is part of the action: log p_{t*} joins the policy log-prob
 
     def __post_init__(self) -> None:

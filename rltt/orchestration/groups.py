@@ -5,9 +5,10 @@ computed once (`score_groups`) and travel with the rows — through the dynamic-
 the rollout metrics and into the learner — in a `ScoredGroups` whose `LearnerBatch` is built
 straight from the rollout's tensors (`LearnerBatch.from_rollout`).
 
-A price on compute (``algorithm.compute_cost`` = λ, `compute_penalty`) is subtracted from each
-completion's task reward before the advantages, as λ · (mean recorded exit step t* of its sampled
-tokens) / T; the task rewards, the uniform-group flags and the reward metrics stay those of the
+A price on compute (``algorithm.compute_cost`` = λ, `compute_penalty`) of λ · (mean recorded exit
+step t* of a completion's sampled tokens) / T is subtracted from its task reward before the
+advantages (``compute_price: reward``), or, centred in its group, from the advantages the task
+reward alone gives (``advantage``); the task rewards, the uniform-group flags and the reward metrics stay those of the
 task alone, and the penalty travels with the rows (``ScoredGroups.compute``) for ``reward/compute``.
 """
 
@@ -102,14 +103,20 @@ def compute_penalty(rollout: RolloutBatch, cost: float) -> torch.Tensor:
     return float(cost) * mean_exit / rollout.num_loops
 
 
+#: where a price on compute enters the advantages (``algorithm.compute_price``)
+COMPUTE_PRICES = ("reward", "advantage")
+
+
 def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Tensor | None = None,
                  batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None, *,
-                 estimator: str = "grpo", compute_cost: float = 0.0) -> ScoredGroups:
+                 estimator: str = "grpo", compute_cost: float = 0.0, compute_price: str = "reward") -> ScoredGroups:
     """The learner rows of ``scored`` with their advantages (``estimator`` of
     `rltt.objectives.ADVANTAGE_ESTIMATORS`, normalised by ``scale``), computed here once.
 
     ``penalty`` (R,): subtracted from the rewards the advantages are computed from (the KL in
-    the reward); ``compute_cost`` λ > 0 subtracts `compute_penalty` as well. The uniform-group
+    the reward); ``compute_cost`` λ > 0 subtracts `compute_penalty` as well — from the rewards
+    (``compute_price="reward"``) or, centred per group and unscaled, from the advantages of the
+    rewards without it (``"advantage"``). The uniform-group
     flags stay those of the task rewards, so dynamic sampling drops the groups without a task
     signal either way. ``batch``: the rows' `LearnerBatch.from_rollout`, when already built (to
     compute the penalty)."""
@@ -117,14 +124,21 @@ def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Ten
     rewards = scored.rewards.float()  # advantages in fp32, like the learner's losses
     compute = compute_penalty(scored.rollout, compute_cost) if compute_cost > 0 else None
     shaped = rewards if penalty is None else rewards - penalty.float()
-    if compute is not None:
+    if compute_price not in COMPUTE_PRICES:
+        raise ValueError(f"compute_price: one of {' | '.join(COMPUTE_PRICES)}, got {compute_price!r}")
+    priced_reward = compute is not None and compute_price == "reward"
+    if priced_reward:
         shaped = shaped - compute.float()
     adv = group_advantages(shaped, G, scale, estimator=estimator)
+    advantages = adv.advantages.float()
+    if compute is not None and compute_price == "advantage":
+        price = compute.float().view(-1, G)
+        advantages = advantages - (price - price.mean(dim=1, keepdim=True)).flatten()
     uniform = adv.uniform if penalty is None and compute is None else uniform_groups(rewards, G)
     if batch is None:
-        batch = LearnerBatch.from_rollout(scored.rollout, adv.advantages)
+        batch = LearnerBatch.from_rollout(scored.rollout, advantages)
     else:
-        batch = replace(batch, advantages=adv.advantages.float())
+        batch = replace(batch, advantages=advantages)
     return ScoredGroups(batch, rewards, uniform, G, [t.id for t in scored.tasks], list(prompt_seeds or []),
                         compute)
 

@@ -155,7 +155,8 @@ class TrainingStep:
             batch = LearnerBatch.from_rollout(rollout)
             penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
         groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds,
-                              estimator=algo.advantage, compute_cost=algo.compute_cost)
+                              estimator=algo.advantage, compute_cost=algo.compute_cost,
+                              compute_price=algo.compute_price)
         return scored, groups
 
     def _empty(self) -> ScoredGroups:

@@ -489,7 +489,9 @@ def check_compute_collapse(run: RunData) -> Diagnosis | None:
         "compute_exit_collapse", severity, "Exit steps collapsed onto one loop under a compute price",
         tuple(evidence),
         "lower algorithm.compute_cost (λ·(T−1)/T is the most a completion can save; keep it well below the "
-        "task reward's spread within a group) and resume from a checkpoint before the collapse — once every "
+        "task reward's spread within a group) — or, with advantage_scale: group, set algorithm.compute_price: "
+        "advantage: priced into the reward, a group whose task rewards tie gets its whole advantage from the "
+        "price, normalised to unit size, whatever λ is — and resume from a checkpoint before the collapse — once every "
         "token exits at one step the price is equal within every group and the exits do not spread again on "
         "their own; compare eval/solve_rate with a λ = 0 run (or `rltt eval --exit-policy`) to see what the "
         "loops were worth",

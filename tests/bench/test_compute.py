@@ -33,6 +33,11 @@ def test_every_run_is_a_valid_recipe_with_its_price(tmp_path):
         bench.parse_args(["--lambdas", "-0.1"])
     off = bench.build_runs(bench.parse_args(["--out", str(tmp_path), "--no-exit-action"]))
     assert not load_train_recipe(bench.RECIPE, off[0].train_argv[2:]).algorithm.exit_action
+    # --compute-price: the priced runs only (at λ = 0 the setting changes nothing)
+    priced = bench.build_runs(bench.parse_args(["--lambdas", "0.1", "--seeds", "1", "--out", str(tmp_path),
+                                                "--compute-price", "advantage"]))
+    prices = [load_train_recipe(bench.RECIPE, r.train_argv[2:]).algorithm.compute_price for r in priced]
+    assert prices == ["reward", "advantage"] and not any("compute_price" in a for a in priced[0].train_argv)
 
 
 def _result(exit_end, diff=None):

@@ -90,6 +90,28 @@ def test_score_groups_subtracts_the_price_before_the_advantages(cost):
         pytest.approx(groups.compute[[2, 3, 0, 1]].tolist())
 
 
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_a_price_on_the_advantages_is_centred_per_group_and_unscaled(scale):
+    cost = 0.2
+    groups = score_groups(_scored(), scale, compute_cost=cost, compute_price="advantage")
+    price = [cost * e / T for e in MEAN_EXIT]
+    task = (_grpo(TASK[:2]) + _grpo(TASK[2:])) if scale == "group" else \
+        [TASK[0] - sum(TASK[:2]) / 2, TASK[1] - sum(TASK[:2]) / 2, TASK[2] - sum(TASK[2:]) / 2, TASK[3] - sum(TASK[2:]) / 2]
+    task[:2] = [0.0, 0.0]  # a group whose task rewards tie has no task advantage
+    want = [a - (p - (price[2 * (i // 2)] + price[2 * (i // 2) + 1]) / 2) for i, (a, p) in enumerate(zip(task, price))]
+    assert groups.batch.advantages.tolist() == pytest.approx(want, rel=1e-5, abs=1e-7)
+    # the tied group is steered by the price in reward units, not scaled up to a unit advantage
+    tied = groups.batch.advantages[:2]
+    assert tied[0] > 0 > tied[1] and abs(float(tied[0])) == pytest.approx(abs(price[0] - price[1]) / 2, rel=1e-5)
+    under_reward = score_groups(_scored(), scale, compute_cost=cost).batch.advantages[:2]
+    if scale == "group":
+        assert abs(float(under_reward[0])) > 10 * abs(float(tied[0]))
+    assert groups.uniform.tolist() == [True, False] and groups.rewards.tolist() == TASK
+    assert groups.compute.tolist() == pytest.approx(price)
+    with pytest.raises(ValueError, match="compute_price"):
+        score_groups(_scored(), scale, compute_cost=cost, compute_price="tokens")
+
+
 def test_without_a_price_nothing_changes():
     groups = score_groups(_scored(), "group")
     assert groups.compute is None
@@ -143,6 +165,10 @@ def test_recipe_keys_and_their_one_line_errors(recipe_path):
                                                f"rollout.exit_policy={policy}"]).algorithm.compute_cost == 0.1
     with pytest.raises(ConfigError, match=r"algorithm.compute_cost"):
         load_train_recipe(recipe_path, ["algorithm.compute_cost=-0.1"])
+    with pytest.raises(ConfigError, match="algorithm.compute_price"):
+        load_train_recipe(recipe_path, ["algorithm.compute_cost=0.1", "algorithm.compute_price=tokens"])
+    assert load_train_recipe(recipe_path, ["algorithm.compute_cost=0.1", "rollout.exit_policy=sample",
+                                           "algorithm.compute_price=advantage"]).algorithm.compute_price == "advantage"
     for policy in ("final", "fixed:2"):
         with pytest.raises(ConfigError, match=r"'algorithm.compute_cost'.*rollout.exit_policy") as err:
             load_train_recipe(recipe_path, ["algorithm.compute_cost=0.1", f"rollout.exit_policy={policy}"])
