@@ -213,9 +213,10 @@ def evaluated(run: Run) -> bool:
 
 def resumable(run: Run) -> bool:
     """The run stopped after a checkpoint: ``rltt train --resume`` continues it."""
+    from rltt.orchestration.saver import STATE_FILE
     from rltt.runtime.checkpoint import list_checkpoints
 
-    return (run.run_dir / "metrics.jsonl").is_file() and bool(list_checkpoints(run.run_dir))
+    return (run.run_dir / "metrics.jsonl").is_file() and bool(list_checkpoints(run.run_dir, STATE_FILE))
 
 
 def execute(run: Run, args: argparse.Namespace) -> Run:

@@ -105,3 +105,20 @@ def test_smoke_mode_trains_evaluates_and_resumes(tmp_path, capsys):
     assert "lam0.5-s0: reused" in err and "lam0-s0: reused" not in err
     assert (out / "lam0-s0.log").read_text().count("rltt train ") == 1
     assert json.loads((out / "compute.json").read_text())["runs"][0]["solve_end"] == report["runs"][0]["solve_end"]
+
+
+def test_a_run_stopped_after_a_checkpoint_is_resumable(tmp_path):
+    """A training run killed after its first RL checkpoint is continued (``--resume``), not restarted:
+    its checkpoints are found by the RL loop's state file."""
+    bench = _load()
+    run = bench.build_runs(bench.parse_args(["--lambdas", "0.1", "--seeds", "1", "--out", str(tmp_path)]))[1]
+    assert not bench.resumable(run)
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    step = run.run_dir / "checkpoints" / "step-0000025"
+    step.mkdir(parents=True)
+    assert not bench.resumable(run)  # no loop state: not a complete RL checkpoint
+    from rltt.orchestration.saver import STATE_FILE
+
+    (step / STATE_FILE).write_bytes(b"")
+    assert bench.resumable(run) and not bench.trained(run, 150)
