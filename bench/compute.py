@@ -367,8 +367,8 @@ def rollout_speed(runs: list[Run], steps: int, prompts: int, repeats: int) -> di
             cpu = time.process_time() - start
             stats = batch.stats
             row_passes = float(stats.row_passes.sum()) if stats.row_passes is not None else float("nan")
-            row = {"group": ro.group_size, "tokens": stats.tokens, "cpu_s": cpu, "tok_per_cpu_s": stats.tokens / cpu, "passes": stats.passes,
-                   "passes_per_token": row_passes / max(1, stats.tokens),
+            row = {"group": ro.group_size, "tokens": stats.tokens, "cpu_s": cpu, "tok_per_cpu_s": stats.tokens / cpu,
+                   "passes": stats.passes, "passes_per_token": row_passes / max(1, stats.tokens),
                    "mean_exit": float(batch.exit_steps[batch.action_mask].float().mean())}
             if lam not in best or row["tok_per_cpu_s"] > best[lam]["tok_per_cpu_s"]:
                 best[lam] = row
@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     if speed:
         table += "\n" + format_speed(speed, args.speed_prompts, args.speed_repeats)
     report = {"steps": args.steps, "seeds": args.seeds, "eval_samples": args.eval_samples, "smoke": args.smoke,
-              "exit_action": args.exit_action, "compute_price": args.compute_price, "speed": {f"{lam:g}": r for lam, r in speed.items()},
+              "exit_action": args.exit_action, "compute_price": args.compute_price,
+              "speed": {f"{lam:g}": r for lam, r in speed.items()},
               "results": {f"{lam:g}": r for lam, r in results.items()},
               "runs": [{"lambda": r.lam, "seed": r.seed, "train": command(r.train_argv), "eval": command(r.eval_argv),
                         "run_dir": str(r.run_dir), "seconds": r.seconds, "error": r.error, **r.summary}

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range, check_fields,
                          recipe_error)
 from rltt.learner.backends import BACKENDS
-from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, SCALES_OF
+from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, COMPUTE_PRICES, SCALES_OF
 from rltt.objectives.corrections import CORRECTIONS
 from rltt.objectives.logprob import Omega, PolicyLogprobKind
 from rltt.objectives.rl import Aggregation, AdvantageScale, KlEstimator, PolicyLossKind
@@ -87,7 +87,8 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_refills: NonNegativeInt = 4
     compute_cost: NonNegativeFloat = 0.0  # λ: the reward given up by a completion whose every token runs all T loops
-    compute_price: Literal["reward", "advantage"] = "reward"  # where the price enters (see above)
+    # where the price enters (see above): the names of the placement table
+    compute_price: Literal[tuple(COMPUTE_PRICES)] = "reward"  # type: ignore[valid-type]
     exit_action: bool = False  # the sampled exit step is part of the action: log p_{t*} joins the policy log-prob
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from rltt.errors import RlttError
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_SCALES",
+    "COMPUTE_PRICES",
     "SCALES_OF",
     "GroupAdvantages",
     "group_advantages",
@@ -175,3 +176,22 @@ def group_advantages(
     adv = ADVANTAGE_ESTIMATORS[estimator](grouped, scale, eps)
     adv = torch.where(uniform.unsqueeze(1), torch.zeros_like(adv), adv)
     return GroupAdvantages(advantages=adv.flatten(), uniform=uniform, group_mean=mean, group_std=std)
+
+
+def _price_in_reward(rewards: torch.Tensor, price: torch.Tensor, group_size: int, scale: str,
+                     estimator: str) -> torch.Tensor:
+    """The advantages of ``rewards − price``: the price goes through the estimator and its normaliser."""
+    return group_advantages(rewards - price, group_size, scale, estimator=estimator).advantages
+
+
+def _price_in_advantage(rewards: torch.Tensor, price: torch.Tensor, group_size: int, scale: str,
+                        estimator: str) -> torch.Tensor:
+    """The advantages of ``rewards`` minus each row's ``price`` centred in its group, unscaled."""
+    grouped = _grouped(price, group_size)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()
+    return group_advantages(rewards, group_size, scale, estimator=estimator).advantages - centred
+
+
+#: where a per-row price (``algorithm.compute_price``) enters the advantages: name ->
+#: fn(rewards (B,), price (B,), group_size, scale, estimator) -> advantages (B,)
+COMPUTE_PRICES = {"reward": _price_in_reward, "advantage": _price_in_advantage}

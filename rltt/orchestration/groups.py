@@ -8,8 +8,9 @@ straight from the rollout's tensors (`LearnerBatch.from_rollout`).
 A price on compute (``algorithm.compute_cost`` = λ, `compute_penalty`) of λ · (mean recorded exit
 step t* of a completion's sampled tokens) / T is subtracted from its task reward before the
 advantages (``compute_price: reward``), or, centred in its group, from the advantages the task
-reward alone gives (``advantage``); the task rewards, the uniform-group flags and the reward metrics stay those of the
-task alone, and the penalty travels with the rows (``ScoredGroups.compute``) for ``reward/compute``.
+reward alone gives (``advantage``; the table `rltt.objectives.advantages.COMPUTE_PRICES`); the task
+rewards, the uniform-group flags and the reward metrics stay those of the task alone, and the
+penalty travels with the rows (``ScoredGroups.compute``) for ``reward/compute``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from rltt.data.rewards import RewardError, RewardRunner, RewardSample
 from rltt.learner.learner_batch import LearnerBatch
 from rltt.objectives import group_advantages, uniform_groups
+from rltt.objectives.advantages import COMPUTE_PRICES
 from rltt.orchestration.prompt_stream import Task
 from rltt.rollout import RolloutBatch
 
@@ -103,10 +105,6 @@ def compute_penalty(rollout: RolloutBatch, cost: float) -> torch.Tensor:
     return float(cost) * mean_exit / rollout.num_loops
 
 
-#: where a price on compute enters the advantages (``algorithm.compute_price``)
-COMPUTE_PRICES = ("reward", "advantage")
-
-
 def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Tensor | None = None,
                  batch: LearnerBatch | None = None, prompt_seeds: list[int] | None = None, *,
                  estimator: str = "grpo", compute_cost: float = 0.0, compute_price: str = "reward") -> ScoredGroups:
@@ -126,15 +124,13 @@ def score_groups(scored: ScoredRollout, scale: str = "group", penalty: torch.Ten
     shaped = rewards if penalty is None else rewards - penalty.float()
     if compute_price not in COMPUTE_PRICES:
         raise ValueError(f"compute_price: one of {' | '.join(COMPUTE_PRICES)}, got {compute_price!r}")
-    priced_reward = compute is not None and compute_price == "reward"
-    if priced_reward:
-        shaped = shaped - compute.float()
-    adv = group_advantages(shaped, G, scale, estimator=estimator)
-    advantages = adv.advantages.float()
-    if compute is not None and compute_price == "advantage":
-        price = compute.float().view(-1, G)
-        advantages = advantages - (price - price.mean(dim=1, keepdim=True)).flatten()
-    uniform = adv.uniform if penalty is None and compute is None else uniform_groups(rewards, G)
+    if compute is None:
+        adv = group_advantages(shaped, G, scale, estimator=estimator)
+        advantages = adv.advantages.float()
+        uniform = adv.uniform if penalty is None else uniform_groups(rewards, G)
+    else:
+        advantages = COMPUTE_PRICES[compute_price](shaped, compute.float(), G, scale, estimator).float()
+        uniform = uniform_groups(rewards, G)
     if batch is None:
         batch = LearnerBatch.from_rollout(scored.rollout, advantages)
     else:
