@@ -11,8 +11,10 @@ length and other roots, so the answer cannot be read off the one number in sight
 The solution is the answer alone (GSM8K's ``#### N``), so every hop has to be resolved inside
 the model's forward pass for the one answer token — per token depth, which a looped model adds by
 looping and a dense twin of the same block cannot. ``hops`` (or the range ``min_hops..hops``) is
-the difficulty knob; ``show_work`` writes the chain out (``m = b = x = 7``) as the control where
-the sequence, not the depth, carries the computation.
+the difficulty knob; 0 hops asks for a variable bound to a number (one lookup, ``Let q = 5. …
+What is q?``): the step every deeper chain repeats, which a curriculum (``chains-easy``: 0–3
+hops mixed) lets a small model learn first. ``show_work`` writes the chain out (``m = b = x =
+7``) as the control where the sequence, not the depth, carries the computation.
 
 Problem ``i`` of seed ``s`` depends only on ``(s, i)`` and the difficulty, like the arithmetic
 problems of `rltt.data.synthetic`, whose presets (``chains-2`` …) and stream functions serve both.
@@ -44,10 +46,10 @@ class ChainDifficulty:
     def __post_init__(self) -> None:
         if self.task != "chains":
             raise RlttError(f"chain difficulty: task must be 'chains', got {self.task!r}")
-        if self.hops < 1:
-            raise RlttError(f"chain difficulty: hops must be >= 1, got {self.hops}")
-        if self.min_hops is not None and not 1 <= self.min_hops <= self.hops:
-            raise RlttError(f"chain difficulty: min_hops must be in 1..hops={self.hops}, got {self.min_hops}")
+        if self.hops < 0:
+            raise RlttError(f"chain difficulty: hops must be >= 0, got {self.hops}")
+        if self.min_hops is not None and not 0 <= self.min_hops <= self.hops:
+            raise RlttError(f"chain difficulty: min_hops must be in 0..hops={self.hops}, got {self.min_hops}")
         if self.distractors < 0:
             raise RlttError(f"chain difficulty: distractors must be >= 0, got {self.distractors}")
         if self.max_value < self.distractors + 1:
@@ -98,7 +100,9 @@ class ChainProblem:
 
 
 def chain_presets(max_hops: int = 6) -> dict[str, ChainDifficulty]:
-    """``chains-H`` for H = 1..max_hops (two distractor chains, roots 1–9) and ``chains`` (1–4 mixed)."""
-    presets = {f"chains-{h}": ChainDifficulty(hops=h) for h in range(1, max_hops + 1)}
+    """``chains-H`` for H = 0..max_hops (two distractor chains, roots 1–9), ``chains`` (1–4 hops
+    mixed) and ``chains-easy`` (0–3 mixed: the direct lookup beside the chains built from it)."""
+    presets = {f"chains-{h}": ChainDifficulty(hops=h) for h in range(0, max_hops + 1)}
     presets["chains"] = ChainDifficulty(hops=4, min_hops=1)
+    presets["chains-easy"] = ChainDifficulty(hops=3, min_hops=0)
     return presets

@@ -28,7 +28,7 @@ def solve(question: str) -> tuple[int, int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(hops=st.integers(1, 6), distractors=st.integers(0, 2), index=st.integers(0, 10_000),
+@given(hops=st.integers(0, 6), distractors=st.integers(0, 2), index=st.integers(0, 10_000),
        seed=st.integers(0, 50))
 def test_the_answer_is_the_value_hops_lookups_away(hops, distractors, index, seed):
     problem = ChainDifficulty(hops=hops, distractors=distractors).problem(index, seed)
@@ -55,6 +55,11 @@ def test_presets_ranges_and_show_work():
     assert mixed.hop_range == (1, 4)
     assert {mixed.problem(i).hops for i in range(200)} == {1, 2, 3, 4}
     assert synthetic.resolve_difficulty("chains-5").hops == 5
+    easy = synthetic.resolve_difficulty("chains-easy")  # the curriculum: the direct lookup among the chains
+    assert easy.hop_range == (0, 3) and {easy.problem(i).hops for i in range(200)} == {0, 1, 2, 3}
+    direct = synthetic.resolve_difficulty("chains-0").problem(4)
+    assert solve(direct.question) == (direct.result, 0)
+    assert all(v.isdigit() for _, v in BINDING.findall(direct.question))  # every variable holds a number
     shown = synthetic.resolve_difficulty({"preset": "chains-2", "show_work": True}).problem(0)
     target = re.search(r"What is ([a-z])\?", shown.question).group(1)
     assert shown.answer.startswith(f"{target} = ") and shown.answer.endswith(f"= {shown.result}\n#### {shown.result}")
@@ -64,8 +69,8 @@ def test_presets_ranges_and_show_work():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"task": "chains", "hops": 0}, "hops must be >= 1"),
-    ({"task": "chains", "hops": 3, "min_hops": 4}, "min_hops must be in 1..hops=3"),
+    ({"task": "chains", "hops": -1}, "hops must be >= 0"),
+    ({"task": "chains", "hops": 3, "min_hops": 4}, "min_hops must be in 0..hops=3"),
     ({"task": "chains", "hops": 8, "distractors": 3}, "exceed the 26 letters"),
     ({"task": "chains", "distractors": 9, "max_value": 9}, "no distinct root"),
     ({"task": "chains", "num_ops": 2}, "unknown field"),
