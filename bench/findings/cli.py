@@ -90,6 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--credit-arms", default=None,
                         help=f"comma-separated per-loop credit arms (default all: {','.join(CREDIT)})")
     parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense, credit and depth arms")
+    parser.add_argument("--dense-seeds", type=int, default=None, help="RL seeds of the dense-twin arms")
     parser.add_argument("--depth-seeds", type=int, default=None, help="RL seeds of the depth arms")
     parser.add_argument("--depth-pretrain-steps", type=int, default=None, help="pretraining steps of the depth arms")
     parser.add_argument("--lr-steps", type=int, default=None, help="RL steps of the learning-rate arms")
@@ -125,7 +126,7 @@ def scale_of(args: argparse.Namespace) -> Scale:
     scale = SMOKE if args.smoke else FULL
     for key, value in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds), ("rl_steps", args.steps),
                        ("lr_steps", args.lr_steps), ("eval_size", args.eval_size), ("depth_seeds", args.depth_seeds),
-                       ("depth_pretrain_steps", args.depth_pretrain_steps)):
+                       ("depth_pretrain_steps", args.depth_pretrain_steps), ("dense_seeds", args.dense_seeds)):
         if value is not None:
             if value < 1:
                 raise SystemExit(f"findings: --{key.replace('_', '-')} must be >= 1")
@@ -145,7 +146,7 @@ def execute(arms: dict[str, Arm], out: Path, args: argparse.Namespace) -> float:
         mark_finished(arms, report_only=False)
         run_arms(arms, out / "logs", args.jobs)
     else:
-        for sub in ("runs", "band", "logs", "depth"):
+        for sub in ("runs", "band", "logs", "depth", "dense"):
             shutil.rmtree(out / sub, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         run_arms(arms, out / "logs", args.jobs)
@@ -164,7 +165,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
                                                           ("steps", args.steps),
                                                           ("lr_steps", args.lr_steps), ("eval_size", args.eval_size),
                                                           ("depth_seeds", args.depth_seeds),
-                                                          ("depth_pretrain_steps", args.depth_pretrain_steps))
+                                                          ("depth_pretrain_steps", args.depth_pretrain_steps),
+                                                          ("dense_seeds", args.dense_seeds))
                if v is not None),
              *([f"--jobs {args.jobs}"] if args.jobs != 2 else []), *(["--retrain-t4"] if args.retrain_t4 else [])]
     return COMMAND + " " + " ".join(flags)
@@ -181,7 +183,7 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {}
     builders = {"band": (lambda: band_results(out, arms, scale), plot_band, md_band),
                 "lr": (lambda: lr_results(arms, scale), plot_lr, md_lr),
-                "dense": (lambda: dense_results(arms, scale, t4_info), plot_dense, md_dense),
+                "dense": (lambda: dense_results(out, arms, scale, t4_info), plot_dense, md_dense),
                 "credit": (lambda: credit_results(arms, scale), plot_credit, md_credit),
                 "depth": (lambda: depth_results(out, arms, scale), plot_depth, md_depth)}
     sections = []

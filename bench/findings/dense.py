@@ -1,7 +1,10 @@
 """Finding 3, the dense twin: ``recipes/pretrain-tiny.yaml`` at T = 4 and at T = 1 (the same
 block, so the same parameters, and the same data): held-out LM loss and solve rate after
 pretraining, then equal RL steps from each. The T = 4 arm is the cached quickstart model unless
-``--retrain-t4`` (or the smoke mode) pretrains it again."""
+``--retrain-t4`` (or the smoke mode) pretrains it again. Every model (after pretraining, and each
+RL seed's final checkpoint) is evaluated with ``rltt eval --out`` on the same held-out problems and
+T = 4 is compared with T = 1 by `rltt.evaluation`: pass@1 with 95 % intervals (seeds pooled), the
+difference paired over problems, and its p-value."""
 
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from .metrics import aggregate, binom_se, read_records, rl_summary, series
-from .runner import Arm, Scale, T, done_arms, rel, train_arm
+from .metrics import aggregate, binom_se, paired_pass1, read_records, rl_summary, series
+from .runner import Arm, Scale, T, done_arms, eval_arm, final_checkpoint, rel, train_arm
 
 PRETRAIN_RECIPE = "recipes/pretrain-tiny.yaml"
 
@@ -32,8 +35,20 @@ def reuse_quickstart_model(info: dict) -> Callable[[], None]:
     return fn
 
 
+def eval_file(out: Path, model: str) -> Path:
+    """``rltt eval --out`` of ``model`` (``pre-T4``, ``rl-T1-s0`` ...)."""
+    return out / "dense" / f"{model}.json"
+
+
+def dense_eval(out: Path, scale: Scale, model: str, checkpoint: Path | None, dep: str) -> Arm:
+    """``rltt eval`` of ``checkpoint`` (the quickstart model when None) on the RL arms' held-out problems."""
+    return eval_arm(f"dense-eval-{model}", checkpoint, eval_file(out, model), scale.eval_samples, (dep,),
+                    overrides=(f"data.eval_size={scale.eval_size}",))
+
+
 def dense_arms(out: Path, scale: Scale, retrain_t4: bool, t4_info: dict) -> dict[str, Arm]:
     arms = {}
+    (out / "dense").mkdir(parents=True, exist_ok=True)
     for loops in (T, 1):
         name = f"dense-pretrain-T{loops}"
         run = out / "runs" / name
@@ -46,11 +61,16 @@ def dense_arms(out: Path, scale: Scale, retrain_t4: bool, t4_info: dict) -> dict
             arms[name] = Arm(name, ["pretrain", PRETRAIN_RECIPE, f"model.config.num_loops={loops}",
                                     f"logging.run_dir={rel(run)}", "logging.progress=false", *scale.pretrain],
                              cost=(10.0 if loops == T else 3.0) if not scale.pretrain else 1.0, run_dir=run)
+        reused = arms[name].argv is None
+        arm = dense_eval(out, scale, f"pre-T{loops}", None if reused else run / "final", name)
+        arms[arm.name] = arm
         for seed in range(scale.dense_seeds):
             rl = f"dense-rl-T{loops}-s{seed}"
-            model = "quickstart" if arms[name].argv is None else rel(run / "final")
+            model = "quickstart" if reused else rel(run / "final")
             arms[rl] = train_arm(out, scale, rl, seed, scale.rl_steps, [f"model.path={model}"],
-                                 cost=scale.rl_steps / 60 * (4 if loops == T else 2), deps=(name,))
+                                 cost=scale.rl_steps / 60 * (4 if loops == T else 2), deps=(name,), keep_final=True)
+            arm = dense_eval(out, scale, f"rl-T{loops}-s{seed}", final_checkpoint(arms[rl].run_dir, scale.rl_steps), rl)
+            arms[arm.name] = arm
     return arms
 
 
@@ -67,7 +87,9 @@ def pretrain_summary(run_dir: Path) -> dict:
             "run_dir": str(run_dir)}
 
 
-def dense_results(arms: dict[str, Arm], scale: Scale, t4_info: dict) -> dict:
+def dense_results(out: Path, arms: dict[str, Arm], scale: Scale, t4_info: dict) -> dict:
+    """Per model: the pretraining summary and the RL runs' own evaluations (binomial SEs); per stage
+    (``pre``, ``rl``): pass@1 of the ``rltt eval`` results and T = 4 − T = 1 paired over problems."""
     n_eval = scale.n_eval
     res = {}
     for loops in (T, 1):
@@ -86,4 +108,8 @@ def dense_results(arms: dict[str, Arm], scale: Scale, t4_info: dict) -> dict:
         se = math.sqrt(binom_se(a["solve_start"], n_eval) ** 2 + binom_se(b["solve_start"], n_eval) ** 2)
         res["start_difference"] = [d, se]
         res["end_difference"] = [a["solve_end"] - b["solve_end"], math.sqrt(a["se"] ** 2 + b["se"] ** 2)]
+    res["paired"] = {
+        "pre": paired_pass1([eval_file(out, f"pre-T{T}")], [eval_file(out, "pre-T1")], names=(f"T{T}", "T1")),
+        "rl": paired_pass1(*([eval_file(out, f"rl-T{L}-s{s}") for s in range(scale.dense_seeds)] for L in (T, 1)),
+                           names=(f"T{T}", "T1"))}
     return res

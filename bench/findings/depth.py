@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .metrics import read_records, series
-from .runner import Arm, Scale, T, rel, train_argv
+from .metrics import paired_pass1, read_records, series
+from .runner import Arm, Scale, T, eval_arm, final_checkpoint, rel, train_argv
 
 PRETRAIN_RECIPE = "recipes/pretrain-tiny.yaml"
-RL_RECIPE = "recipes/quickstart.yaml"
 SOURCE = "synthetic:chains"
 HOPS = (1, 2, 3, 4)
 
@@ -24,12 +23,11 @@ def eval_file(out: Path, model: str, hops: int | None = None) -> Path:
     return out / "depth" / (f"{model}.json" if hops is None else f"{model}-h{hops}.json")
 
 
-def eval_arm(out: Path, scale: Scale, model: str, checkpoint: Path, dep: str) -> Arm:
+def depth_eval(out: Path, scale: Scale, model: str, checkpoint: Path, dep: str) -> Arm:
     """``rltt eval`` of ``checkpoint`` on held-out ``synthetic:chains`` problems (every hop count)."""
-    argv = ["eval", RL_RECIPE, f"data.source={SOURCE}", "--model", rel(checkpoint), "--source", SOURCE,
-            "--limit", str(scale.depth_eval_size), "--samples", str(scale.eval_samples),
-            "--out", rel(eval_file(out, model))]
-    return Arm(f"depth-eval-{model}", argv, deps=(dep,), cost=0.5)
+    return eval_arm(f"depth-eval-{model}", checkpoint, eval_file(out, model), scale.eval_samples, (dep,),
+                    overrides=(f"data.source={SOURCE}",),
+                    flags=("--source", SOURCE, "--limit", str(scale.depth_eval_size)))
 
 
 def hops_of(problem_id: str) -> int:
@@ -62,7 +60,7 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
                               f"train.steps={scale.depth_pretrain_steps}", f"logging.run_dir={rel(run)}",
                               "logging.progress=false", *scale.pretrain],
                         cost=(10.0 if loops == T else 3.0) if not scale.pretrain else 1.0, run_dir=run)
-        arm = eval_arm(out, scale, f"pre-T{loops}", run / "final", pre)
+        arm = depth_eval(out, scale, f"pre-T{loops}", run / "final", pre)
         arms[arm.name] = arm
         for seed in range(scale.depth_seeds):
             rl = f"depth-rl-T{loops}-s{seed}"
@@ -71,8 +69,7 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
                                                                      f"data.source={SOURCE}"],
                               keep_final=True)  # the evaluations read the final checkpoint
             arms[rl] = Arm(rl, argv, deps=(pre,), cost=scale.rl_steps / 60 * (4 if loops == T else 2), run_dir=rl_run)
-            final = rl_run / "checkpoints" / f"step-{scale.rl_steps:07d}"
-            arm = eval_arm(out, scale, f"rl-T{loops}-s{seed}", final, rl)
+            arm = depth_eval(out, scale, f"rl-T{loops}-s{seed}", final_checkpoint(rl_run, scale.rl_steps), rl)
             arms[arm.name] = arm
     return arms
 
@@ -92,32 +89,15 @@ def _pretrain(run_dir: Path) -> dict:
 def depth_results(out: Path, arms: dict[str, Arm], scale: Scale) -> dict:
     """Per stage (``pre``, ``rl``) and hop count: pass@1 of each model (mean, SE, 95 % interval; RL
     seeds pooled) and the paired T = 4 − T = 1 difference with its interval and p-value."""
-    from rltt.errors import RlttError
-    from rltt.evaluation.results import compare_object, pool_object
-
     res: dict = {"pretrain": {f"T{L}": _pretrain(out / "runs" / f"depth-pretrain-T{L}") for L in (T, 1)},
                  "hops": list(HOPS), "stages": {}}
     for mixed in (out / "depth").glob("*.json"):
         if not mixed.stem.rsplit("-", 1)[-1].startswith("h"):
             split_by_hops(mixed)
     for stage in ("pre", "rl"):
-        rows = {}
-        for hops in HOPS:
-            sides = {}
-            for loops in (T, 1):
-                files = ([eval_file(out, f"pre-T{loops}", hops)] if stage == "pre" else
-                         [eval_file(out, f"rl-T{loops}-s{s}", hops) for s in range(scale.depth_seeds)])
-                files = [f for f in files if f.is_file()]
-                sides[f"T{loops}"] = ",".join(str(f) for f in files)
-            row: dict = {}
-            for side, spec in sides.items():
-                if spec:
-                    row[side] = pool_object(spec)["summary"]["pass@1"]
-            if sides[f"T{T}"] and sides["T1"]:
-                try:
-                    row["difference"] = compare_object(sides[f"T{T}"], sides["T1"])["difference"]["pass@1"]
-                except RlttError as exc:
-                    row["difference"] = {"error": str(exc)}
-            rows[hops] = row
-        res["stages"][stage] = rows
+        models = {L: [f"pre-T{L}"] if stage == "pre" else [f"rl-T{L}-s{s}" for s in range(scale.depth_seeds)]
+                  for L in (T, 1)}
+        res["stages"][stage] = {hops: paired_pass1(*([eval_file(out, m, hops) for m in models[L]] for L in (T, 1)),
+                                                   names=(f"T{T}", "T1"))
+                                for hops in HOPS}
     return res

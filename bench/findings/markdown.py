@@ -113,8 +113,12 @@ def md_dense(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
     diff = ""
     if "start_difference" in res:
         (d, se), (e, se_e) = res["start_difference"], res["end_difference"]
-        diff = (f"- Held-out solve rate (RL evaluation), T = {T} minus T = 1: {pts(d)} ± {100 * se:.1f} points before "
-                f"RL, {pts(e)} ± {100 * se_e:.1f} after {scale.rl_steps} RL steps.")
+        diff = (f"- Held-out solve rate (the RL runs' own evaluations), T = {T} minus T = 1: {pts(d)} ± {100 * se:.1f} "
+                f"points before RL, {pts(e)} ± {100 * se_e:.1f} after {scale.rl_steps} RL steps (binomial SEs).")
+    paired = res.get("paired", {})
+    paired_rows = [[label, _pass1_cell(paired.get(stage, {}).get(f"T{T}")), _pass1_cell(paired.get(stage, {}).get("T1")),
+                    _diff_cell(paired.get(stage, {}).get("difference"))]
+                   for stage, label in (("pre", "after pretraining"), ("rl", f"after {scale.rl_steps} RL steps"))]
     return paragraphs(
         "### 3. Dense twin",
         f"`{PRETRAIN_RECIPE}` with `model.config.num_loops` = {T} and = 1: the same shared block (the same "
@@ -122,7 +126,12 @@ def md_dense(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
         f"{scale.rl_steps} steps of the quickstart recipe from each, {scale.dense_seeds} seed(s). {note}",
         table(["model", "held-out LM loss (Σ p_t L_t)", "per-loop LM loss L_1..L_T", "pretrain eval solve rate",
                "RL held-out start → end", "RL gain, points", "RL step s"], rows),
-        diff, f"![dense twin]({fig})", "Commands:", commands(arms, "dense-"))
+        diff,
+        f"Each model under `rltt eval --out` ({scale.eval_size} held-out problems × {scale.eval_samples} samples, the "
+        "same problems for every model; RL seeds pooled by a two-level bootstrap over problems and seeds): pass@1 with "
+        f"its 95 % interval, and T = {T} − T = 1 paired over the problems (`rltt.evaluation`: 95 % interval, p-value).",
+        table(["stage", f"T = {T} pass@1 [95 %]", "T = 1 pass@1 [95 %]", f"T = {T} − T = 1, points"], paired_rows),
+        f"![dense twin]({fig})", "Commands:", commands(arms, "dense-"))
 
 
 def md_credit(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:

@@ -123,6 +123,23 @@ def diff_verdict(a: dict, b: dict, name_a: str, name_b: str) -> tuple[float, flo
     return d, se, text
 
 
+def paired_pass1(a: list[Path], b: list[Path], names: tuple[str, str]) -> dict:
+    """pass@1 of each side's ``rltt eval --out`` files (a side's files are its seeds, pooled: two-level
+    bootstrap over problems and seeds) and the paired difference A − B over the same problems (95 %
+    interval, p-value; an error message when the files cannot be paired)."""
+    from rltt.errors import RlttError
+    from rltt.evaluation.results import compare_object, pool_object
+
+    specs = {name: ",".join(str(f) for f in files if f.is_file()) for name, files in zip(names, (a, b))}
+    row: dict = {name: pool_object(spec)["summary"]["pass@1"] for name, spec in specs.items() if spec}
+    if all(specs.values()):
+        try:
+            row["difference"] = compare_object(*specs.values())["difference"]["pass@1"]
+        except RlttError as exc:
+            row["difference"] = {"error": str(exc)}
+    return row
+
+
 def pts(x: float) -> str:
     return f"{100 * x:+.1f}" if math.isfinite(x) else "n/a"
 

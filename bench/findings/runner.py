@@ -96,10 +96,25 @@ def train_argv(scale: Scale, run_dir: Path, seed: int, steps: int, extra: list[s
 
 
 def train_arm(out: Path, scale: Scale, name: str, seed: int, steps: int, extra: list[str], cost: float,
-              deps: tuple[str, ...] = ()) -> Arm:
+              deps: tuple[str, ...] = (), keep_final: bool = False) -> Arm:
     """An RL arm: ``rltt train`` of the quickstart recipe with ``extra`` overrides, run in ``OUT/runs/NAME``."""
     run = out / "runs" / name
-    return Arm(name, train_argv(scale, run, seed, steps, extra), deps=deps, cost=cost, run_dir=run)
+    return Arm(name, train_argv(scale, run, seed, steps, extra, keep_final=keep_final), deps=deps, cost=cost,
+               run_dir=run)
+
+
+def eval_arm(name: str, checkpoint: Path | None, out_file: Path, samples: int, deps: tuple[str, ...],
+             overrides: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> Arm:
+    """``rltt eval`` of the quickstart recipe (with ``overrides``) on ``checkpoint`` (the recipe's
+    ``model.path`` when None), ``samples`` per held-out problem, its result file written to ``out_file``."""
+    argv = ["eval", RL_RECIPE, *overrides, *(["--model", rel(checkpoint)] if checkpoint is not None else []),
+            *flags, "--samples", str(samples), "--out", rel(out_file)]
+    return Arm(name, argv, deps=deps, cost=0.5)
+
+
+def final_checkpoint(run_dir: Path, steps: int) -> Path:
+    """The final checkpoint of an RL run of ``steps`` steps (kept by ``train_argv(..., keep_final=True)``)."""
+    return run_dir / "checkpoints" / f"step-{steps:07d}"
 
 
 def done_arms(arms: dict[str, Arm], prefix: str) -> list[Arm]:

@@ -81,6 +81,7 @@ def check_smoke_outputs(bench, out: Path) -> None:
     expected = {"band-pool", "band-curate-low", "band-curate-mixed", "band-curate-high",
                 *(f"band-{b}-s0" for b in bench.BANDS), *(f"lr-{lr:.0e}-s0" for lr in bench.LRS),
                 "dense-pretrain-T4", "dense-pretrain-T1", "dense-rl-T4-s0", "dense-rl-T1-s0",
+                *(f"dense-eval-{m}" for m in ("pre-T4", "pre-T1", "rl-T4-s0", "rl-T1-s0")),
                 *(f"credit-{k}-s0{e}" for k in bench.CREDIT for e in ("", "-eval")),
                 *(f"depth-{a}-T{t}" for a in ("pretrain", "eval-pre") for t in (4, 1)),
                 *(f"depth-{a}-T{t}-s0" for a in ("rl", "eval-rl") for t in (4, 1))}
@@ -103,6 +104,15 @@ def check_smoke_outputs(bench, out: Path) -> None:
     assert all(len(r["reviews"]) == 1 and r["reviews"][0]["exit"] == 0 for r in res["lr"].values())
     for loops in ("T4", "T1"):
         assert res["dense"][loops]["pretrain"]["lm_loss"] > 0 and res["dense"][loops]["seeds"] == 1
+    # dense: each model evaluated on the same held-out problems, T = 4 - T = 1 paired over them
+    for stage in ("pre", "rl"):
+        row = res["dense"]["paired"][stage]
+        assert {"T4", "T1", "difference"} <= set(row) and 0.0 <= row["difference"]["p_value"] <= 1.0, stage
+        a, b = (json.loads((out / "dense" / f"{stage}-T{t}{'-s0' if stage == 'rl' else ''}.json").read_text())
+                for t in (4, 1))
+        assert [p["id"] for p in a["problems"]] == [p["id"] for p in b["problems"]]
+        assert len(a["problems"]) == bench.SMOKE.eval_size
+        assert row["difference"]["mean"] == pytest.approx(row["T4"]["mean"] - row["T1"]["mean"], abs=1e-9)
     assert all(res["credit"][k]["seeds"] == 1 for k in bench.CREDIT)
     # credit: every final checkpoint evaluated, every arm compared with final on the same problems
     for k in bench.CREDIT:
