@@ -92,6 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="RL steps of the band, dense, credit and depth arms")
     parser.add_argument("--dense-seeds", type=int, default=None, help="RL seeds of the dense-twin arms")
     parser.add_argument("--depth-seeds", type=int, default=None, help="RL seeds of the depth arms")
+    parser.add_argument("--depth-source", default=None, metavar="synthetic:chains...",
+                        help="the depth finding's task (default synthetic:chains, 1-4 hops; synthetic:chains-easy: 0-3)")
     parser.add_argument("--depth-pretrain-steps", type=int, default=None, help="pretraining steps of the depth arms")
     parser.add_argument("--lr-steps", type=int, default=None, help="RL steps of the learning-rate arms")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems per evaluation")
@@ -118,6 +120,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown or not kinds:
             parser.error(f"--credit-arms: unknown arm(s) {unknown} (choose from {', '.join(CREDIT)})")
         args.credit_arms = kinds
+    if args.depth_source is not None:
+        from rltt.data.chains import ChainDifficulty
+        from rltt.data.synthetic import resolve_difficulty
+        from rltt.errors import RlttError
+
+        preset = args.depth_source.partition(":")[2] if args.depth_source.startswith("synthetic:") else None
+        try:
+            chains = preset is not None and isinstance(resolve_difficulty(preset), ChainDifficulty)
+        except RlttError:
+            chains = False
+        if not chains:
+            parser.error(f"--depth-source: {args.depth_source!r} is not a synthetic:chains... preset")
     return args
 
 
@@ -133,6 +147,8 @@ def scale_of(args: argparse.Namespace) -> Scale:
             scale = replace(scale, **{key: value})
     if args.credit_arms:
         scale = replace(scale, credit_arms=args.credit_arms)
+    if args.depth_source:
+        scale = replace(scale, depth_source=args.depth_source)
     return scale
 
 
@@ -161,6 +177,7 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
     flags = [f"--out {rel(out)}", *(["--smoke"] if args.smoke else []),
              *([f"--only {','.join(args.only)}"] if args.only != FINDINGS else []),
              *([f"--credit-arms {','.join(args.credit_arms)}"] if args.credit_arms else []),
+             *([f"--depth-source {args.depth_source}"] if args.depth_source else []),
              *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds),
                                                           ("steps", args.steps),
                                                           ("lr_steps", args.lr_steps), ("eval_size", args.eval_size),

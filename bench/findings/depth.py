@@ -14,8 +14,16 @@ from .metrics import paired_pass1, read_records, series
 from .runner import Arm, Scale, T, eval_arm, final_checkpoint, rel, train_argv
 
 PRETRAIN_RECIPE = "recipes/pretrain-tiny.yaml"
+#: the default task (``--depth-source``): 1–4 hops mixed
 SOURCE = "synthetic:chains"
-HOPS = (1, 2, 3, 4)
+
+
+def hop_counts(source: str) -> tuple[int, ...]:
+    """The hop counts a ``synthetic:chains...`` source mixes (its difficulty's ``hop_range``)."""
+    from rltt.data.synthetic import resolve_difficulty
+
+    lo, hi = resolve_difficulty(source.partition(":")[2]).hop_range
+    return tuple(range(lo, hi + 1))
 
 
 def eval_file(out: Path, model: str, hops: int | None = None) -> Path:
@@ -26,24 +34,24 @@ def eval_file(out: Path, model: str, hops: int | None = None) -> Path:
 def depth_eval(out: Path, scale: Scale, model: str, checkpoint: Path, dep: str) -> Arm:
     """``rltt eval`` of ``checkpoint`` on held-out ``synthetic:chains`` problems (every hop count)."""
     return eval_arm(f"depth-eval-{model}", checkpoint, eval_file(out, model), scale.eval_samples, (dep,),
-                    overrides=(f"data.source={SOURCE}",),
-                    flags=("--source", SOURCE, "--limit", str(scale.depth_eval_size)))
+                    overrides=(f"data.source={scale.depth_source}",),
+                    flags=("--source", scale.depth_source, "--limit", str(scale.depth_eval_size)))
 
 
-def hops_of(problem_id: str) -> int:
-    """The hop count of held-out problem ``chains-SEED-INDEX`` of `SOURCE` (regenerated)."""
+def hops_of(problem_id: str, source: str = SOURCE) -> int:
+    """The hop count of held-out problem ``chains-SEED-INDEX`` of ``source`` (regenerated)."""
     from rltt.data.synthetic import resolve_difficulty
 
     _, seed, index = problem_id.rsplit("-", 2)
-    return resolve_difficulty(SOURCE.partition(":")[2]).problem(int(index), int(seed)).hops
+    return resolve_difficulty(source.partition(":")[2]).problem(int(index), int(seed)).hops
 
 
-def split_by_hops(path: Path) -> dict[int, Path]:
+def split_by_hops(path: Path, source: str = SOURCE) -> dict[int, Path]:
     """Write the problems of an eval result with each hop count to their own result file."""
     obj = json.loads(path.read_text())
     files = {}
-    for hops in HOPS:
-        rows = [r for r in obj["problems"] if hops_of(r["id"]) == hops]
+    for hops in hop_counts(source):
+        rows = [r for r in obj["problems"] if hops_of(r["id"], source) == hops]
         if rows:
             files[hops] = path.with_name(f"{path.stem}-h{hops}.json")
             files[hops].write_text(json.dumps({"format": obj.get("format"), "problems": rows}))
@@ -56,7 +64,8 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
     for loops in (T, 1):
         pre = f"depth-pretrain-T{loops}"
         run = out / "runs" / pre
-        arms[pre] = Arm(pre, ["pretrain", PRETRAIN_RECIPE, f"data.source={SOURCE}", f"model.config.num_loops={loops}",
+        arms[pre] = Arm(pre, ["pretrain", PRETRAIN_RECIPE, f"data.source={scale.depth_source}",
+                              f"model.config.num_loops={loops}",
                               f"train.steps={scale.depth_pretrain_steps}", f"logging.run_dir={rel(run)}",
                               "logging.progress=false", *scale.pretrain],
                         cost=(10.0 if loops == T else 3.0) if not scale.pretrain else 1.0, run_dir=run)
@@ -66,7 +75,7 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
             rl = f"depth-rl-T{loops}-s{seed}"
             rl_run = out / "runs" / rl
             argv = train_argv(scale, rl_run, seed, scale.rl_steps, [f"model.path={rel(run / 'final')}",
-                                                                     f"data.source={SOURCE}"],
+                                                                     f"data.source={scale.depth_source}"],
                               keep_final=True)  # the evaluations read the final checkpoint
             arms[rl] = Arm(rl, argv, deps=(pre,), cost=scale.rl_steps / 60 * (4 if loops == T else 2), run_dir=rl_run)
             arm = depth_eval(out, scale, f"rl-T{loops}-s{seed}", final_checkpoint(rl_run, scale.rl_steps), rl)
@@ -90,14 +99,14 @@ def depth_results(out: Path, arms: dict[str, Arm], scale: Scale) -> dict:
     """Per stage (``pre``, ``rl``) and hop count: pass@1 of each model (mean, SE, 95 % interval; RL
     seeds pooled) and the paired T = 4 − T = 1 difference with its interval and p-value."""
     res: dict = {"pretrain": {f"T{L}": _pretrain(out / "runs" / f"depth-pretrain-T{L}") for L in (T, 1)},
-                 "hops": list(HOPS), "stages": {}}
+                 "source": scale.depth_source, "hops": list(hop_counts(scale.depth_source)), "stages": {}}
     for mixed in (out / "depth").glob("*.json"):
         if not mixed.stem.rsplit("-", 1)[-1].startswith("h"):
-            split_by_hops(mixed)
+            split_by_hops(mixed, scale.depth_source)
     for stage in ("pre", "rl"):
         models = {L: [f"pre-T{L}"] if stage == "pre" else [f"rl-T{L}-s{s}" for s in range(scale.depth_seeds)]
                   for L in (T, 1)}
         res["stages"][stage] = {hops: paired_pass1(*([eval_file(out, m, hops) for m in models[L]] for L in (T, 1)),
                                                    names=(f"T{T}", "T1"))
-                                for hops in HOPS}
+                                for hops in res["hops"]}
     return res

@@ -195,11 +195,12 @@ def md_depth(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
                          fmt(pre.get("train_seconds", NAN), ".0f")])
     return paragraphs(
         "### 5. Depth: the dense twin on multi-hop lookups",
-        f"`{PRETRAIN_RECIPE}` on `synthetic:chains` (`rltt.data.chains`: 1–4 lookups among distractor chains, "
+        f"`{PRETRAIN_RECIPE}` on `{res.get('source', 'synthetic:chains')}` (`rltt.data.chains`: "
+        f"{min(res['hops'])}–{max(res['hops'])} lookups among distractor chains, "
         f"the answer alone, so every hop is resolved inside the forward pass) with `model.config.num_loops` = {T} "
         f"and = 1 (the same block and data, {scale.depth_pretrain_steps} steps), then {scale.rl_steps} RL steps of "
         f"the quickstart recipe on the same task from each ({scale.depth_seeds} seed(s)). Each model is evaluated "
-        f"on {scale.depth_eval_size} held-out problems of 1–4 hops × {scale.eval_samples} samples (`rltt eval "
+        f"on {scale.depth_eval_size} held-out problems of {min(res['hops'])}–{max(res['hops'])} hops × {scale.eval_samples} samples (`rltt eval "
         f"--out`), split by hop count; pass@1 with its 95 % bootstrap interval, and T = {T} − T = 1 paired over "
         "the same problems (`rltt.evaluation`: interval and p-value; RL seeds pooled).",
         table(["model", "held-out LM loss (Σ p_t L_t)", "per-loop LM loss L_1..L_T", "pretrain eval solve rate",

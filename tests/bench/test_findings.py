@@ -1,5 +1,6 @@
 """bench/findings/: its arm scheduler, and the smoke mode end to end (every arm runs, every file is written)."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -57,6 +58,23 @@ def test_only_rejects_unknown_findings():
     assert bench.parse_args(["--credit-arms", "final, rltt-exit_pdf"]).credit_arms == ("final", "rltt-exit_pdf")
     with pytest.raises(SystemExit):
         bench.parse_args(["--credit-arms", "final,bogus"])
+
+
+def test_depth_source_picks_the_task_and_its_hop_counts(tmp_path):
+    bench = _load()
+    cli, depth = (importlib.import_module(f"findings.{m}") for m in ("cli", "depth"))  # the package _load() loaded
+    args = bench.parse_args(["--depth-source", "synthetic:chains-easy", "--only", "depth"])
+    scale = cli.scale_of(args)
+    assert scale.depth_source == "synthetic:chains-easy" and "--depth-source synthetic:chains-easy" in \
+        cli.command_line(args, tmp_path)
+    assert depth.hop_counts("synthetic:chains-easy") == (0, 1, 2, 3) and depth.hop_counts("synthetic:chains") == (1, 2, 3, 4)
+    arms = cli.build_arms(tmp_path, scale, ("depth",), False, {})
+    assert "data.source=synthetic:chains-easy" in arms["depth-pretrain-T1"].argv
+    assert arms["depth-eval-pre-T4"].argv[arms["depth-eval-pre-T4"].argv.index("--source") + 1] == \
+        "synthetic:chains-easy"
+    for bad in ("synthetic:quickstart", "data/x.jsonl", "synthetic:nope"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--depth-source", bad])
 
 
 @pytest.mark.slow
