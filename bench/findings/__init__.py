@@ -16,7 +16,8 @@ synthetic task:
    left KL at ~2e-4 (the policy did not move), 1e-5 worked.
 3. **Dense twin**: ``recipes/pretrain-tiny.yaml`` at T = 4 and at T = 1 (the same block, so the
    same parameters, and the same data): held-out LM loss and solve rate, then equal RL steps on
-   each. Reported: recurrence beats a parameter-matched dense model at equal data.
+   each (``--dense-seeds``); every model's ``rltt eval`` compared, T = 4 − T = 1 paired over the
+   same problems. Reported: recurrence beats a parameter-matched dense model at equal data.
 4. **Per-loop credit**: ``algorithm.policy_logprob`` = exit / final / rltt (omega exit_pdf and
    progressive) at equal steps and seeds, with sampled exits (``rollout.exit_policy=sample``;
    under the quickstart's own ``final`` exits, exit and final are the same log-prob): held-out
@@ -25,12 +26,14 @@ synthetic task:
    Reported: RLTT's credit beats final-loop GRPO.
 5. **Depth**: the dense twin again, on a depth-hungry task: ``recipes/pretrain-tiny.yaml`` on
    the multi-hop lookups of ``synthetic:chains`` (the answer alone: every hop is resolved inside
-   the forward pass) at T = 4 and T = 1, then equal RL steps; held-out pass@1 per hop count
+   the forward pass; ``--depth-source synthetic:chains-easy`` for 0–3 hops, the direct lookup
+   first) at T = 4 and T = 1, then equal RL steps; held-out pass@1 per hop count
    after each stage, T = 4 − T = 1 paired over the same problems with intervals and p-values.
    Reported: a looped model beats a parameter-matched dense one where depth is needed.
 
     python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit,depth]
-                          [--credit-arms final,rltt-exit_pdf] [--credit-seeds 10]
+                          [--credit-arms final,rltt-exit_pdf] [--credit-seeds 10] [--dense-seeds 10]
+                          [--depth-source synthetic:chains-easy] [--depth-pretrain-steps 1500]
     rltt bench findings --smoke --out /tmp/findings
 
 Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes
