@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rltt.planning.engine_memory import engine_memory
 from rltt.planning.footprint import GIB
 from rltt.planning.run_settings import KEYS, RunSettings
 from rltt.planning.shapes import ModelShape
@@ -43,10 +44,7 @@ def _memory_changes(s: RunSettings):
     if s.gpus > 1:
         for stage in range(s.zero_stage + 1, 4):
             yield ({"backend": "deepspeed"} if s.backend == "torch" else {}) | {"zero_stage": stage}
-    if s.engine == "vllm" and s.device == "cuda":
-        for util in (0.4, 0.3, 0.2):
-            if util < s.vllm_utilization:
-                yield {"vllm_utilization": util}
+    yield from engine_memory(s.engine).memory_changes(s)
 
 
 def _task_changes(s: RunSettings):

@@ -10,6 +10,7 @@ part = ⌈P / N⌉ (a ZeRO partition)::
                     (`rltt.orchestration.components.shares_model`)
     vllm            rollout.engine=vllm: gpu_memory_utilization × device memory (GPU);
                     kv_cache_gb + b_engine·P (CPU)
+                    (both from the engine's row of `rltt.planning.engine_memory.ENGINE_MEMORY`)
     optimizer       AdamW's two moments: torch 2·b·P (in the parameters' dtype); DeepSpeed 8·P (ZeRO 0),
                     8·part (ZeRO ≥ 1)
     master_weights  DeepSpeed only: fp32 copy 4·P (ZeRO 0 with bf16), 4·part (ZeRO ≥ 1); torch keeps none
@@ -41,7 +42,7 @@ each optimizer step). The vLLM engine's KV lives inside its share, so its rollou
 from __future__ import annotations
 
 from rltt.planning import activations as act
-from rltt.planning import rollout_memory as rm
+from rltt.planning.engine_memory import ROLLOUT, engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 
@@ -52,7 +53,6 @@ DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elemen
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
 RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights")
-ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace")
 LEARNER = ("gradients", "loop_gradients", "activations", "logits_workspace", "step_workspace")
 ORDER = RESIDENT + ROLLOUT + LEARNER
 
@@ -70,17 +70,13 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         optimizer, master = 8 * P, 4 * P * (s.train_bytes == 2)
     else:
         optimizer, master = 8 * part, 4 * part
-    if s.engine == "vllm":
-        vllm = int(s.vllm_utilization * device_bytes) if s.device == "cuda" else \
-            int(s.vllm_kv_gb * GIB) + s.engine_bytes * P
-    else:
-        vllm = 0
+    engine = engine_memory(s.engine).resident(shape, s, device_bytes)
     return {
         "runtime": RUNTIME[s.device] + int(RESERVE_FRACTION * device_bytes),
         "weights": weights,
         "reference": b * P if s.needs_reference else 0,
-        "engine_copy": s.engine_bytes * P if s.engine == "native" and not s.shares_model else 0,
-        "vllm": vllm,
+        "engine_copy": engine["engine_copy"],
+        "vllm": engine["vllm"],
         "optimizer": optimizer,
         "master_weights": master,
     }
@@ -114,14 +110,8 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
 
 
 def rollout(shape: ModelShape, s: RunSettings, rows: int) -> dict[str, int]:
-    if s.engine == "vllm" or rows <= 0:
-        return dict.fromkeys(ROLLOUT, 0)
-    b, seq = s.engine_bytes, s.sequence_tokens
-    return {
-        "rollout_kv": rm.kv_bytes(shape, rows, seq, b),
-        "rollout_state": rm.state_bytes(shape, rows, seq, b),
-        "rollout_workspace": rm.workspace_bytes(shape, rows, s.group_size, s.prompt_tokens, b, s.top_p, s.top_k),
-    }
+    """The rollout terms of a chunk of ``rows`` rows (the engine's row of the table)."""
+    return engine_memory(s.engine).rollout(shape, s, rows)
 
 
 def held_activations(shape: ModelShape, s: RunSettings) -> int:

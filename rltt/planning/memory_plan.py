@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 
 from rltt.planning import footprint as comp
 from rltt.planning.advice import problem_line
-from rltt.planning.chunking import chunks_per_step, largest_fitting_rows
+from rltt.planning.chunking import chunks_per_step
+from rltt.planning.engine_memory import engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape, model_shape
 
@@ -110,14 +111,9 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
     def rollout_fits(rows: int) -> bool:
         return base + sum(comp.rollout(shape, s, rows).values()) <= device_bytes
 
-    if s.engine == "vllm":
-        rows = s.rows_per_rank
-        notes.append("rollout.engine=vllm: its KV cache is inside its gpu_memory_utilization share "
-                     "and it batches rows itself")
-    elif s.chunk_rows == "auto":
-        rows = largest_fitting_rows(rollout_fits, s.group_size, s.rows_per_rank)
-    else:
-        rows = min(int(s.chunk_rows), s.rows_per_rank)
+    rows, note = engine_memory(s.engine).chunk_rows(s, rollout_fits)
+    if note:
+        notes.append(note)
     shown_rows = rows or min(s.group_size, s.rows_per_rank)
     components = {**resident, **comp.rollout(shape, s, shown_rows), **comp.learner(shape, s)}
     components = {k: components[k] for k in comp.ORDER}

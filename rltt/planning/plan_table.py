@@ -3,6 +3,7 @@ the rollout chunk and the verdict."""
 
 from __future__ import annotations
 
+from rltt.planning.engine_memory import engine_memory
 from rltt.planning.footprint import GIB, LEARNER, RESIDENT, ROLLOUT
 
 LABELS = {
@@ -50,7 +51,8 @@ def format_plan(plan, title: str = "") -> str:
             if value or key in ("weights", "reference", "gradients", "optimizer", "activations", "rollout_kv"):
                 lines.append(f"{LABELS[key]:<{width}}{_gib(value)}  {phase}")
     rows = plan.rollout_rows_per_chunk
-    chunk = "vLLM" if plan.engine == "vllm" else f"{rows} rows per chunk" if rows else "not even one group fits"
+    engine = engine_memory(plan.engine)
+    chunk = engine.chunk_label(rows)
     lines += [
         "",
         f"{'rollout phase peak':<{width}}{_gib(plan.phases['rollout'])}  ({chunk})",
@@ -59,10 +61,9 @@ def format_plan(plan, title: str = "") -> str:
         "",
     ]
     setting = "auto" if plan.chunk_rows_setting == "auto" else f"rollout.chunk_rows={plan.chunk_rows_setting}"
-    if plan.engine == "vllm":
-        lines.append(f"rollout: vLLM batches the step's {plan.rows_per_rank} rows itself (rollout.chunk_rows unused)")
-    elif rows:
-        lines.append(f"rollout chunk: {rows} rows ({setting}; {plan.chunks_per_step} chunk(s) per step)")
+    line = engine.chunk_line(rows, plan.rows_per_rank, setting, plan.chunks_per_step)
+    if line:
+        lines.append(line)
     for note in plan.notes:
         lines.append(f"note: {note}")
     if plan.fits:

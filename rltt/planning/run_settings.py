@@ -90,12 +90,6 @@ class RunSettings:
         """The engines sample in ``learner.dtype`` (`rltt.orchestration.components.engine_dtype`)."""
         return DTYPE_BYTES[self.learner_dtype]
 
-    @property
-    def shares_model(self) -> bool:
-        """`rltt.orchestration.components.shares_model`: the native engine samples with the torch
-        learner's own tensors when the learner keeps the model's dtype."""
-        return self.engine == "native" and self.backend == "torch" and self.learner_dtype == self.model_dtype
-
     # -- batch geometry ------------------------------------------------------------------------
     @property
     def sequence_tokens(self) -> int:
