@@ -34,6 +34,7 @@ synthetic task:
     python bench/findings [--out runs/bench-findings] [--smoke] [--jobs 2] [--only band,lr,dense,credit,depth]
                           [--credit-arms final,rltt-exit_pdf] [--credit-seeds 10] [--dense-seeds 10]
                           [--depth-source synthetic:chains-easy] [--depth-pretrain-steps 1500]
+                          [--depth-pretrain-override model.config.hidden_size=256 ...]
     rltt bench findings --smoke --out /tmp/findings
 
 Every arm is a subprocess (one CPU thread each), ``--jobs`` of them at a time. Writes

@@ -94,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--depth-seeds", type=int, default=None, help="RL seeds of the depth arms")
     parser.add_argument("--depth-source", default=None, metavar="synthetic:chains...",
                         help="the depth finding's task (default synthetic:chains, 1-4 hops; synthetic:chains-easy: 0-3)")
+    parser.add_argument("--depth-pretrain-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override of both depth pretraining arms, e.g. model.config.hidden_size=256 "
+                             "(repeatable; the same block for T = 4 and T = 1)")
     parser.add_argument("--depth-pretrain-steps", type=int, default=None, help="pretraining steps of the depth arms")
     parser.add_argument("--lr-steps", type=int, default=None, help="RL steps of the learning-rate arms")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems per evaluation")
@@ -120,6 +123,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown or not kinds:
             parser.error(f"--credit-arms: unknown arm(s) {unknown} (choose from {', '.join(CREDIT)})")
         args.credit_arms = kinds
+    bad = [o for o in args.depth_pretrain_override if "=" not in o or o.startswith(("train.steps=", "data.source=",
+                                                                                     "model.config.num_loops="))]
+    if bad:
+        parser.error(f"--depth-pretrain-override: {bad[0]!r} is not KEY=VALUE, or sets what the finding itself sets "
+                     "(train.steps: --depth-pretrain-steps; data.source: --depth-source; model.config.num_loops)")
     if args.depth_source is not None:
         from rltt.data.chains import ChainDifficulty
         from rltt.data.synthetic import resolve_difficulty
@@ -149,6 +157,8 @@ def scale_of(args: argparse.Namespace) -> Scale:
         scale = replace(scale, credit_arms=args.credit_arms)
     if args.depth_source:
         scale = replace(scale, depth_source=args.depth_source)
+    if args.depth_pretrain_override:
+        scale = replace(scale, depth_pretrain_overrides=tuple(args.depth_pretrain_override))
     return scale
 
 
@@ -178,6 +188,7 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
              *([f"--only {','.join(args.only)}"] if args.only != FINDINGS else []),
              *([f"--credit-arms {','.join(args.credit_arms)}"] if args.credit_arms else []),
              *([f"--depth-source {args.depth_source}"] if args.depth_source else []),
+             *(f"--depth-pretrain-override {o}" for o in args.depth_pretrain_override),
              *(f"--{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("credit_seeds", args.credit_seeds),
                                                           ("steps", args.steps),
                                                           ("lr_steps", args.lr_steps), ("eval_size", args.eval_size),

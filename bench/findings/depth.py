@@ -67,7 +67,7 @@ def depth_arms(out: Path, scale: Scale) -> dict[str, Arm]:
         arms[pre] = Arm(pre, ["pretrain", PRETRAIN_RECIPE, f"data.source={scale.depth_source}",
                               f"model.config.num_loops={loops}",
                               f"train.steps={scale.depth_pretrain_steps}", f"logging.run_dir={rel(run)}",
-                              "logging.progress=false", *scale.pretrain],
+                              "logging.progress=false", *scale.depth_pretrain_overrides, *scale.pretrain],
                         cost=(10.0 if loops == T else 3.0) if not scale.pretrain else 1.0, run_dir=run)
         arm = depth_eval(out, scale, f"pre-T{loops}", run / "final", pre)
         arms[arm.name] = arm

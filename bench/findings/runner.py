@@ -39,6 +39,7 @@ class Scale:
     depth_pretrain_steps: int = 350  # pretraining steps of the depth finding's two arms
     depth_eval_size: int = 512  # held-out problems of every hop count together
     depth_source: str = "synthetic:chains"  # the depth finding's task (1–4 hops; synthetic:chains-easy: 0–3)
+    depth_pretrain_overrides: tuple[str, ...] = ()  # recipe overrides of both depth pretraining arms (a wider block ...)
     pretrain: tuple[str, ...] = ()  # overrides of both pretraining arms
     reuse_t4: bool = True  # the T = 4 arm is the cached quickstart model
     credit_arms: tuple[str, ...] = ()  # the per-loop credit arms to run (empty: all)

@@ -75,6 +75,17 @@ def test_depth_source_picks_the_task_and_its_hop_counts(tmp_path):
     for bad in ("synthetic:quickstart", "data/x.jsonl", "synthetic:nope"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--depth-source", bad])
+    # a wider block for both twins: the overrides reach both pretraining arms, and the command line
+    args = bench.parse_args(["--only", "depth", "--depth-pretrain-override", "model.config.hidden_size=256",
+                             "--depth-pretrain-override", "optim.lr=1e-3"])
+    arms = cli.build_arms(tmp_path, cli.scale_of(args), ("depth",), False, {})
+    for loops in (4, 1):
+        argv = arms[f"depth-pretrain-T{loops}"].argv
+        assert {"model.config.hidden_size=256", "optim.lr=1e-3", f"model.config.num_loops={loops}"} <= set(argv)
+    assert "--depth-pretrain-override model.config.hidden_size=256" in cli.command_line(args, tmp_path)
+    for bad in ("hidden", "train.steps=10", "model.config.num_loops=2"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--depth-pretrain-override", bad])
 
 
 @pytest.mark.slow
