@@ -49,12 +49,13 @@ def hops_of(problem_id: str, source: str = SOURCE) -> int:
 def split_by_hops(path: Path, source: str = SOURCE) -> dict[int, Path]:
     """Write the problems of an eval result with each hop count to their own result file."""
     obj = json.loads(path.read_text())
+    hops = {r["id"]: hops_of(r["id"], source) for r in obj["problems"]}  # each problem regenerated once
     files = {}
-    for hops in hop_counts(source):
-        rows = [r for r in obj["problems"] if hops_of(r["id"], source) == hops]
+    for count in hop_counts(source):
+        rows = [r for r in obj["problems"] if hops[r["id"]] == count]
         if rows:
-            files[hops] = path.with_name(f"{path.stem}-h{hops}.json")
-            files[hops].write_text(json.dumps({"format": obj.get("format"), "problems": rows}))
+            files[count] = path.with_name(f"{path.stem}-h{count}.json")
+            files[count].write_text(json.dumps({"format": obj.get("format"), "problems": rows}))
     return files
 
 

@@ -42,11 +42,10 @@ each optimizer step). The vLLM engine's KV lives inside its share, so its rollou
 from __future__ import annotations
 
 from rltt.planning import activations as act
-from rltt.planning.engine_memory import ROLLOUT, engine_memory
+from rltt.planning.engine_memory import GIB, ROLLOUT, engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 
-GIB = 1 << 30
 RUNTIME = {"cuda": GIB, "cpu": GIB // 2}
 RESERVE_FRACTION = 0.05  # of the device: allocator fragmentation, untracked tensors
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
