@@ -58,3 +58,78 @@ def test_one_process_may_take_its_own_lock_again(tmp_path):
     assert proc.returncode == 1 and "is in use by another run" in proc.stderr  # still held by the first
     first.release()
     assert not (tmp_path / "run").exists()  # created by the lock, nothing else written: removed again
+
+
+HOLD_THEN_RELEASE = """
+import sys
+from rltt.runtime.run_lock import RunLock
+lock = RunLock.acquire(sys.argv[1])
+print("locked", flush=True)
+sys.stdin.readline()
+lock.release()
+print("released", flush=True)
+"""
+
+
+def test_an_opener_racing_a_release_and_a_third_run_never_makes_two_writers(tmp_path, monkeypatch):
+    """A holder that created the folder releases it (unlinking ``run.lock`` and removing the folder)
+    between our open and our ``flock``, and a third run then creates and locks a new ``run.lock``: the
+    inode we lock is no longer the path's, so we must look again and be refused — not hold a lock
+    on an unlinked file beside the third run's."""
+    import fcntl
+
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", HOLD_THEN_RELEASE, str(run)], env=worker_env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "locked"
+    procs, real_flock = [first], fcntl.flock
+
+    def racing_flock(fd, op):
+        if len(procs) == 1:  # between our open and our lock: the holder leaves, a third run arrives
+            first.stdin.write("\n")
+            first.stdin.flush()
+            assert first.stdout.readline().strip() == "released" and first.wait(timeout=60) == 0
+            assert not run.exists()  # the holder created the folder and removed it again
+            procs.append(_holder(run))
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", racing_flock)
+    try:
+        with pytest.raises(RlttError) as info:
+            RunLock.acquire(run)
+        assert f"pid {procs[1].pid}" in str(info.value)  # refused by the third run's lock, which it names
+        assert (run / LOCK_FILE).read_text().split()[0] == str(procs[1].pid)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def test_racing_processes_never_hold_one_folder_at_once(tmp_path):
+    """Processes that take and give up the lock of a folder they create, over and over: each marks
+    its tenure with an exclusively created file, which a second writer would find already there."""
+    script = """
+import os, sys
+from rltt.errors import RlttError
+from rltt.runtime.run_lock import RunLock
+run, marker, held = sys.argv[1], sys.argv[2], 0
+for _ in range(150):
+    try:
+        lock = RunLock.acquire(run)
+    except RlttError:
+        continue
+    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # FileExistsError: two writers
+    os.close(fd)
+    os.unlink(marker)
+    held += 1
+    lock.release()
+print(held)
+"""
+    run, marker = tmp_path / "run", tmp_path / "marker"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(run), str(marker)], env=worker_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (out, err) in zip(procs, results):
+        assert proc.returncode == 0, err
+        assert int(out) > 0
