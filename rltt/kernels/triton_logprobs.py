@@ -40,6 +40,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from rltt.kernels.active_rows import backward_live_rows
+from rltt.kernels.triton_compat import fix_interpreter
 
 
 def _fwd_kernel(H, W, Y, M_OUT, S_OUT, U_OUT, ZY_OUT,
@@ -236,7 +237,8 @@ def _grad_logits_trunc_kernel(H, W, Y, F, THR, LSE, LSEK, ENT, GLP, GENT, G,
 @functools.lru_cache(maxsize=2)
 def _kernels(interpret: bool) -> SimpleNamespace:
     """Jit the kernels for the current mode (the interpreter is chosen at jit time)."""
-    del interpret  # the cache key; triton reads TRITON_INTERPRET itself
+    if interpret:  # the cache key; triton reads TRITON_INTERPRET itself
+        fix_interpreter()  # Triton < 3.7 under NumPy >= 2.4 (rltt.kernels.triton_compat)
     return SimpleNamespace(fwd=triton.jit(_fwd_kernel), grad_logits=triton.jit(_grad_logits_kernel),
                            fwd_trunc=triton.jit(_fwd_trunc_kernel),
                            grad_logits_trunc=triton.jit(_grad_logits_trunc_kernel))
