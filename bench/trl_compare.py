@@ -273,13 +273,14 @@ def median(rows: list[dict], key: str, skip: int) -> float:
 
 # -- evaluation ---------------------------------------------------------------------------------
 def solve_rate(model, rl, args, exit_policy: str | None = "final") -> float:
-    from rltt.orchestration.policy import evaluate
+    from dataclasses import replace
+
+    from rltt.orchestration.evaluator import evaluate
     from rltt.rollout import NativeEngine
 
-    was_training = model.training
-    result = evaluate(NativeEngine(model), rl.eval_tasks, rl.tokenizer, rl.runner, args.eval_samples,
-                      args.temperature, args.max_new_tokens, seed=args.seed + 7, exit_policy=exit_policy,
-                      schedule=rl.recipe.rollout.schedule)
+    was_training = model.training  # the run's held-out settings (train.eval_*), at ``exit_policy``
+    result = evaluate(NativeEngine(model), rl.eval_tasks, rl.tokenizer.decode, rl.runner,
+                      replace(rl.evaluate.params, exit_policy=exit_policy))
     model.train(was_training)
     return result.solve_rate
 

@@ -104,42 +104,39 @@ def _run_results(args: argparse.Namespace, reps: int, permutations: int) -> int:
     return 0
 
 
-def _with_exit_policy(recipe, spec: str | None):
-    """``recipe`` sampling with the exit policy of the evaluation: ``spec`` (--exit-policy), else
-    `eval_exit_policy` (train.eval_exit_policy, else the rollout's)."""
-    from dataclasses import replace
-
+def _exit_policy(spec: str | None):
+    """--exit-policy, checked before the model loads (a bad policy is one line), or None: the
+    recipe's evaluation policy (train.eval_exit_policy, else the rollout's)."""
     from rltt.model.exits import ExitPolicy
-    from rltt.orchestration.policy import eval_exit_policy
 
     if spec is not None:
-        ExitPolicy.parse(spec, None, field="--exit-policy")  # a bad policy is one line before the model loads
-    policy = spec if spec is not None else eval_exit_policy(recipe)
-    return replace(recipe, rollout=replace(recipe.rollout, exit_policy=policy))
+        ExitPolicy.parse(spec, None, field="--exit-policy")
+    return spec
 
 
 def _run_recipe(args: argparse.Namespace, reps: int) -> int:
-    from rltt.curation.recipes import evaluate_recipe
     from rltt.evaluation.results import ProblemCounts, result_object, summary_lines
+    from rltt.orchestration.evaluator import evaluate_recipe
     from rltt.orchestration.train_recipe import load_train_recipe
 
     # --json: stdout carries the one JSON object; what loading prints (library banners) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        recipe = _with_exit_policy(load_train_recipe(args.recipe, args.overrides), args.exit_policy)
+        policy = _exit_policy(args.exit_policy)
+        recipe = load_train_recipe(args.recipe, args.overrides)
         report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit,
-                                 source=args.source, temperature=args.temperature,
+                                 source=args.source, temperature=args.temperature, exit_policy=policy,
                                  recipe_root=Path(args.recipe).resolve().parent, model=args.model)
     base = report.to_dict()
     counts = ProblemCounts.from_rates(base["per_task"], report.samples, report.model)
     passes = report.result.passes_per_token
     meta = {**base, "seed": recipe.seed, "engine": recipe.rollout.engine, "schedule": recipe.rollout.schedule,
-            "exit_policy": recipe.rollout.exit_policy, "passes_per_token": passes}
+            "exit_policy": report.exit_policy, "passes_per_token": passes}
     obj = result_object(meta, counts, reps, args.stats_seed)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(obj, indent=1) + "\n")
-    shown = recipe.rollout.exit_policy or "the model's own"
+    shown = report.exit_policy or "the model's own"
     lines = [report.summary(),
              f"exit policy {shown}: mean exit step {report.result.mean_exit_step:.3f}, passes/token "
              + (f"{passes:.3f} ({recipe.rollout.schedule} schedule)" if passes is not None else "not counted"),

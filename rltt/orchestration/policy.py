@@ -1,20 +1,20 @@
-"""Loading the policy (model + tokenizer) a recipe names, and evaluating its solve rate."""
+"""Loading the policy (model + tokenizer) a recipe names, and the one place a recipe's rollout
+section becomes `SamplingParams` (`sampling_params`): training, evaluation and curation sample
+with it. Evaluating the policy is `rltt.orchestration.evaluator`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
+from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
-from rltt.orchestration.groups import score_rollout
-from rltt.orchestration.prompt_stream import Task
+from rltt.orchestration.engines import make_engine
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.runtime.device import pick_device
-from rltt.telemetry import schema as m
 
 
 def resolve_model_path(path: str) -> Path:
@@ -57,107 +57,68 @@ def stop_ids(tokenizer) -> list[int]:
     return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
 
 
+def sampling_params(rollout, stop_token_ids: list[int], decode, thinking=None, **call) -> SamplingParams:
+    """The sampling settings of a recipe's ``rollout`` section: temperature, top-p/top-k, length,
+    stop ids and strings (``decode``: token ids -> text, used only with ``rollout.stop_strings``),
+    exit policy, schedule and the thinking budget (`rltt.data.reasoning.thinking_budget`).
+    ``call`` sets what a call adds or changes (``n``, ``seed``, ``prompt_seeds``; an evaluation's
+    ``temperature`` and ``exit_policy``)."""
+    return SamplingParams(**{"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
+                             "max_new_tokens": rollout.max_new_tokens, "stop_token_ids": list(stop_token_ids),
+                             "stop_strings": list(rollout.stop_strings),
+                             "decoder": decode if rollout.stop_strings else None,
+                             "exit_policy": rollout.exit_policy, "schedule": rollout.schedule,
+                             "thinking": thinking, **call})
+
+
 @dataclass
-class EvalResult:
-    """Sums over the evaluated samples; the rates are properties, so results of disjoint task
-    shards (data-parallel ranks) merge exactly: ``EvalResult(**combine([vars(p) for p in parts],
-    EvalResult.OPS))`` (or `reduce_ranks` across ranks)."""
+class RecipePolicy:
+    """A train recipe's policy loaded to sample and be scored (`rltt eval`, `rltt curate`): the
+    model, tokenizer, the engine of ``rollout.engine`` on it and the reward runner."""
 
-    #: how shards merge (`rltt.runtime.distributed.combine`)
-    OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "per_task": "concat",
-                                     "exit_step_sum": "sum", "tokens": "sum", "row_passes": "sum",
-                                     "passes_tokens": "sum"}
+    model_path: Path
+    model: object
+    tokenizer: object
+    engine: RolloutEngine
+    runner: RewardRunner
 
-    solved: int
-    samples: int
-    reward_sum: float
-    per_task: dict[str, float]  # task id -> fraction of its samples solved
-    exit_step_sum: float
-    tokens: int  # sampled completion tokens (the exits counted)
-    row_passes: float = 0.0  # serial block passes of the rows, where the engine counts them
-    passes_tokens: int = 0  # the completion tokens of those calls
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    @property
-    def solve_rate(self) -> float:
-        return self.solved / self.samples if self.samples else 0.0
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
 
-    @property
-    def reward_mean(self) -> float:
-        return self.reward_sum / self.samples if self.samples else 0.0
+    @classmethod
+    def load(cls, recipe, recipe_root: Path | None = None, model: str | None = None) -> "RecipePolicy":
+        """The recipe's policy (or the checkpoint ``model``), the engine of ``rollout.engine`` on it
+        and the reward runner (per-call ``rewards.N.timeout_s``). `close` releases them."""
+        runner = RewardRunner.from_specs([(s.fn, s.weight, s.timeout_s) for s in recipe.rewards], root=recipe_root)
+        try:
+            path = resolve_model_path(model or recipe.model.path)
+            net, tokenizer = load_policy(path, recipe.model.dtype, recipe.model.device, recipe.model.convert)
+            net.eval()
+            engine = make_engine(recipe.rollout, net)
+        except BaseException:
+            runner.close()
+            raise
+        return cls(path, net, tokenizer, engine, runner)
 
-    @property
-    def mean_exit_step(self) -> float:
-        return self.exit_step_sum / max(self.tokens, 1)
+    def close(self) -> None:
+        """Stop the reward workers and an engine with a process of its own (vLLM)."""
+        self.runner.close()
+        self.engine.close()
 
-    @property
-    def passes_per_token(self) -> float | None:
-        """Serial block passes per generated token; None when the engine did not count them (vLLM)."""
-        return self.row_passes / self.passes_tokens if self.passes_tokens else None
+    def __enter__(self) -> "RecipePolicy":
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-def eval_exit_policy(recipe) -> str | None:
-    """The exit policy a train recipe evaluates with: ``train.eval_exit_policy`` (e.g. a
-    deployment ``threshold:q``), else the rollout's ``rollout.exit_policy``."""
-    own = getattr(recipe.train, "eval_exit_policy", None)
-    return own if own is not None else recipe.rollout.exit_policy
+    def thinking(self, recipe):
+        """The recipe's ``rollout.thinking`` in this tokenizer's ids (None without a budget)."""
+        return thinking_budget(recipe.rollout.thinking, self.tokenizer)
 
-
-def evaluate(engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, samples: int,
-             temperature: float, max_new_tokens: int, seed: int, exit_policy=None, schedule="deferred",
-             chunk: int = 64, shard: tuple[int, int] = (0, 1), thinking=None) -> EvalResult:
-    """Sample ``samples`` completions per task and score them; the primary reward decides 'solved'.
-
-    Tasks go to the engine in chunks of ``chunk``, each seeded by its position; ``shard = (i, n)``
-    evaluates the chunks ``i, i + n, ...`` only, so the merged results of the n shards equal one
-    unsharded evaluation. ``thinking``: the rollout's `ThinkingBudget` (forced answer), or None."""
-    primary = runner.names[0]
-    rank, world = shard
-    result = EvalResult(0, 0, 0.0, {}, 0.0, 0)
-    for index, start in enumerate(range(0, len(tasks), chunk)):
-        if index % world != rank:
-            continue
-        part = tasks[start:start + chunk]
-        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed + start,
-                                stop_token_ids=stop_ids(tokenizer), exit_policy=exit_policy, schedule=schedule,
-                                thinking=thinking)
-        rollout = engine.generate([t.prompt_ids for t in part], params)
-        scored = score_rollout(rollout, part, tokenizer.decode, runner)
-        flags = scored.solved(primary).view(len(part), samples)
-        result.solved += int(flags.sum())
-        result.samples += flags.numel()
-        result.reward_sum += sum(scored.rewards.tolist())
-        for task, row in zip(part, flags.sum(1).tolist()):
-            result.per_task[task.id] = row / samples
-        mask = rollout.action_mask  # sampled tokens (forced ones have no exit)
-        result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
-        result.tokens += int(mask.sum())
-        if rollout.stats.row_passes is not None:
-            result.row_passes += float(rollout.stats.row_passes.sum())
-            result.passes_tokens += rollout.stats.tokens
-    return result
-
-
-class HeldOutEvaluator:
-    """The run's held-out evaluation: the solve rate of the rollout policy on ``tasks``, with the
-    recipe's evaluation settings (exit policy: `eval_exit_policy`), beside the mean recorded exit
-    step and the serial passes per token it took. With several ranks each evaluates its share of
-    the task chunks (every rank holds the same weights) and the sums are reduced: the same numbers
-    as one process, in 1/world of the time. A collective: every rank calls it."""
-
-    def __init__(self, recipe, engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, ranks,
-                 thinking=None):
-        self.recipe, self.engine, self.tasks, self.tokenizer = recipe, engine, tasks, tokenizer
-        self.runner, self.ranks, self.thinking = runner, ranks, thinking
-
-    def __call__(self) -> dict[str, float]:
-        r = self.recipe
-        part = evaluate(self.engine, self.tasks, self.tokenizer, self.runner, r.train.eval_samples,
-                        r.train.eval_temperature, r.rollout.max_new_tokens, seed=r.seed + 7,
-                        exit_policy=eval_exit_policy(r), schedule=r.rollout.schedule,
-                        shard=(self.ranks.rank, self.ranks.world), thinking=self.thinking)
-        result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
-        out = {m.EVAL_SOLVE_RATE: result.solve_rate, m.EVAL_REWARD_MEAN: result.reward_mean,
-               m.EVAL_COMPUTE_MEAN_EXIT: result.mean_exit_step}
-        if result.passes_per_token is not None:
-            out[m.EVAL_COMPUTE_PASSES_PER_TOKEN] = result.passes_per_token
-        return out
+    def sampling(self, recipe, **call) -> SamplingParams:
+        """The recipe's rollout sampling settings (`sampling_params`; ``call`` as there)."""
+        return sampling_params(recipe.rollout, stop_ids(self.tokenizer), self.tokenizer.decode, self.thinking(recipe),
+                               **call)

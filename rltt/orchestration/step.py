@@ -27,6 +27,7 @@ from rltt.learner import LearnerAPI, LearnerBatch
 from rltt.runtime.distributed import Ranks
 from rltt.runtime.stop import commit
 from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
+from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.prompt_stream import PromptStream, Task
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.data.reasoning import length_metrics, length_sums
@@ -136,14 +137,10 @@ class TrainingStep:
 
     def sampling(self, step: int, attempt: int, indices) -> SamplingParams:
         """Sampling settings of the prompts with these global indices in ``attempt``."""
-        ro = self.recipe.rollout
         seeds = [rollout_seed(self.recipe.seed, step, attempt, i) for i in indices]
-        return SamplingParams(
-            temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=ro.max_new_tokens,
-            stop_token_ids=self.stop_token_ids, stop_strings=list(ro.stop_strings),
-            decoder=self.decode if ro.stop_strings else None, seed=rollout_seed(self.recipe.seed, step, attempt, -1),
-            prompt_seeds=seeds, n=ro.group_size, exit_policy=ro.exit_policy, schedule=ro.schedule,
-            thinking=self.thinking)
+        return sampling_params(self.recipe.rollout, self.stop_token_ids, self.decode, self.thinking,
+                               seed=rollout_seed(self.recipe.seed, step, attempt, -1), prompt_seeds=seeds,
+                               n=self.recipe.rollout.group_size)
 
     def _sample(self, tasks: list[Task], params: SamplingParams) -> tuple[ScoredRollout, ScoredGroups]:
         """Generate and score ``tasks``; the groups carry their advantages (computed once)."""

@@ -47,7 +47,8 @@ from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import SKIP_REASON
 from rltt.orchestration.parts import LOCAL, Orchestration, PartDied, RunParts
-from rltt.orchestration.policy import HeldOutEvaluator, resolve_model_path, stop_ids
+from rltt.orchestration.evaluator import HeldOutEvaluator
+from rltt.orchestration.policy import resolve_model_path, stop_ids
 from rltt.orchestration.prompt_stream import PromptLimit, PromptStream, eval_tasks
 from rltt.orchestration.ray.driver import RAY
 from rltt.orchestration.saver import STATE_FILE, CheckpointSaver

@@ -12,7 +12,7 @@ import yaml
 from rltt.cli.main import main
 from rltt.errors import ConfigError
 from rltt.orchestration.groups import ScoredRollout, compute_penalty, score_groups
-from rltt.orchestration.policy import HeldOutEvaluator
+from rltt.orchestration.evaluator import HeldOutEvaluator
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.trainer import Trainer
 from rltt.rollout import RolloutBatch, RolloutStats, SamplingParams, Schedule

@@ -116,12 +116,14 @@ def test_algorithm_variants_run(tmp_path, overrides):
 def test_sharded_evaluation_merges_to_the_unsharded_result(tmp_path):
     """Data-parallel ranks evaluate disjoint task chunks; the merged sums are one process's."""
     from rltt.runtime.distributed import combine
-    from rltt.orchestration.policy import EvalResult, evaluate
+    from rltt.orchestration.evaluator import EvalResult, evaluate
+    from rltt.rollout import SamplingParams
 
     trainer = Trainer(load_train_recipe(write_recipe(tmp_path), ["data.eval_size=10"]), recipe_root=tmp_path)
-    args = (trainer.engine, trainer.eval_tasks, trainer.tokenizer, trainer.runner, 2, 1.0, 6)
-    whole = evaluate(*args, seed=3, chunk=3)
-    parts = [evaluate(*args, seed=3, chunk=3, shard=(i, 3)) for i in range(3)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=3)
+    args = (trainer.engine, trainer.eval_tasks, trainer.tokenizer.decode, trainer.runner, params)
+    whole = evaluate(*args, chunk=3)
+    parts = [evaluate(*args, chunk=3, shard=(i, 3)) for i in range(3)]
     assert [len(p.per_task) for p in parts] == [4, 3, 3]  # chunks 0 and 3 (a single task), 1, 2
     merged = EvalResult(**combine([vars(p) for p in parts], EvalResult.OPS))
     assert (merged.solved, merged.samples, merged.tokens, merged.per_task) == \
