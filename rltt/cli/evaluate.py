@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "With --samples K it reports pass@1 ... pass@K (unbiased estimator) and mean@K, each with "
                     "a bootstrap standard error and 95 % interval over problems. --compare A B compares two "
                     "results (files written by --out, run directories holding eval.json, or several of them "
-                    "joined by commas / a glob, pooled as runs) on their common problems.")
+                    "joined by commas / a glob, pooled as runs) on their common problems: A - B's standard "
+                    "error, 95 % interval (the test inverted) and p-value all come from one test (--test).")
     parser.add_argument("recipe", nargs="?", metavar="RECIPE.yaml",
                         help="train recipe: policy, sampling, rewards, data")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
@@ -47,10 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "directory with eval.json, or several joined by commas or a quoted glob (pooled runs)")
     parser.add_argument("--pool", default=None, metavar="A",
                         help="the pooled summary of several results of one configuration (no recipe)")
-    parser.add_argument("--bootstrap", type=int, default=None, metavar="B", help="bootstrap replicates (default 2000)")
+    parser.add_argument("--bootstrap", type=int, default=None, metavar="B",
+                        help="bootstrap replicates of the pass@k summaries (default 2000)")
     parser.add_argument("--stats-seed", type=int, default=0, metavar="S", help="seed of the bootstrap and permutations")
     parser.add_argument("--test", default="auto", choices=("auto", "problems", "runs"),
-                        help="--compare p-value: sign flips over problems, permutation of runs, or auto "
+                        help="--compare: the test behind A - B's SE, interval and p-value: sign flips over problems "
+                             "(runs held fixed), permutation of whole runs (problems held fixed), or auto "
                              "(runs when both sides have >= 2 runs)")
     parser.add_argument("--permutations", type=int, default=None, metavar="R",
                         help="--compare: random sign flips / relabellings when not enumerated (default 10000)")

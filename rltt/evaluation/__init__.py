@@ -4,7 +4,8 @@ paired comparison of two results on the same problems.
 
 - ``rltt.evaluation.passk``: the unbiased pass@k estimator, mean@k;
 - ``rltt.evaluation.intervals``: the seeded two-level bootstrap (runs, then problems);
-- ``rltt.evaluation.compare``: A − B with its interval and a sign-flip / run-permutation p-value;
+- ``rltt.evaluation.compare``: A − B with its SE, interval (the test inverted) and p-value, all from one
+  sign-flip or run-permutation test;
 - ``rltt.evaluation.results``: the JSON object of `rltt eval --json`, reading results back, pooling.
 
 Depends on numpy and `rltt.errors` only: it consumes per-sample correctness, whatever engine,

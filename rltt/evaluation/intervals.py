@@ -14,6 +14,7 @@ replicate's mean is one matrix product: memory O(B·P + B·S), not O(B·P·S).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ LEVEL = 0.95
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean with its bootstrap standard error and 95 % interval."""
+    """A mean with its standard error and 95 % interval (an unbounded end is ±inf; null in JSON)."""
 
     mean: float
     se: float
@@ -34,7 +35,8 @@ class Estimate:
     hi: float
 
     def to_dict(self) -> dict:
-        return {"mean": self.mean, "se": self.se, "ci95": [self.lo, self.hi]}
+        bound = lambda x: x if math.isfinite(x) else None  # noqa: E731
+        return {"mean": self.mean, "se": self.se, "ci95": [bound(self.lo), bound(self.hi)]}
 
 
 def resample_weights(rng: np.random.Generator, size: int, reps: int) -> np.ndarray:

@@ -191,14 +191,14 @@ def compare_object(spec_a: str, spec_b: str, reps: int = DEFAULT_REPS, seed: int
     k = min(max_k(r.n) for r in a + b)
     sa, sb = metric_scores(a, k), metric_scores(b, k)
     names = [f"pass@{kk}" for kk in range(1, k + 1)]
-    diffs = paired_differences([sa[m] for m in names], [sb[m] for m in names], reps, seed, test, permutations)
+    diffs = paired_differences([sa[m] for m in names], [sb[m] for m in names], seed, test, permutations)
     side = lambda files, runs, scores: {  # noqa: E731
         "files": [str(f) for f in files], "runs": len(runs),
         "summary": {m: e.to_dict() for m, e in zip(names, bootstrap_means([scores[m] for m in names], reps, seed))}}
     return {"format": COMPARE_FORMAT, "a": side(files_a, a, sa), "b": side(files_b, b, sb),
             "problems": len(ids), "problems_left_out": len(every) - len(ids),
-            "test": resolve_test(test, len(a), len(b)), "permutations": permutations,
-            "bootstrap": {"reps": reps, "seed": seed, "level": LEVEL},
+            "test": resolve_test(test, len(a), len(b)), "permutations": permutations, "level": LEVEL,
+            "bootstrap": {"reps": reps, "seed": seed, "level": LEVEL},  # the sides' summaries
             "difference": {m: d.to_dict() for m, d in zip(names, diffs)}}
 
 
@@ -206,7 +206,9 @@ def compare_object(spec_a: str, spec_b: str, reps: int = DEFAULT_REPS, seed: int
 
 
 def _est(e: dict) -> str:
-    return f"{e['mean']:.4f} ± {e['se']:.4f} [{e['ci95'][0]:.4f}, {e['ci95'][1]:.4f}]"
+    lo, hi = ("-inf" if e["ci95"][0] is None else f"{e['ci95'][0]:.4f}",
+              "+inf" if e["ci95"][1] is None else f"{e['ci95'][1]:.4f}")
+    return f"{e['mean']:.4f} ± {e['se']:.4f} [{lo}, {hi}]"
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -217,13 +219,15 @@ def summary_lines(summary: dict) -> list[str]:
 
 def compare_lines(obj: dict) -> list[str]:
     """The comparison as a short table."""
-    test = {"problems": "sign-flip permutation over problems", "runs": "permutation of runs between A and B"}
+    test = {"problems": "sign flips over problems (the runs held fixed)",
+            "runs": "permutation of runs between A and B (the problems held fixed)"}
     lines = [f"A: {obj['a']['runs']} run(s): {', '.join(obj['a']['files'])}",
              f"B: {obj['b']['runs']} run(s): {', '.join(obj['b']['files'])}",
              f"{obj['problems']} problems paired" + (f" ({obj['problems_left_out']} not in every result, left out)"
                                                       if obj["problems_left_out"] else "")
-             + f"; 95 % intervals by bootstrap ({obj['bootstrap']['reps']} replicates, seed "
-               f"{obj['bootstrap']['seed']}); p-value: {test[obj['test']]}"]
+             + f"; A and B: 95 % intervals by bootstrap ({obj['bootstrap']['reps']} replicates, seed "
+               f"{obj['bootstrap']['seed']})",
+             f"A - B: SE, 95 % interval (the test inverted) and p-value all from {test[obj['test']]}"]
     names = list(obj["difference"])
     width = max(len(n) for n in names)
     lines.append(f"{'':<{width}}  {'A':<34}  {'B':<34}  {'A - B':<34}  p")
