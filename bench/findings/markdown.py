@@ -176,8 +176,9 @@ def _diff_cell(diff: dict | None) -> str:
         return "–"
     if "error" in diff:
         return diff["error"]
-    lo, hi = diff["ci95"]
-    return f"{pts(diff['mean'])} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {diff['p_value']:.3g}"
+    (lo, hi), unbounded = diff["ci95"], ("−∞", "+∞")  # an end is None when too few runs bound it
+    lo, hi = (end if x is None else f"{100 * x:+.1f}" for x, end in zip((lo, hi), unbounded))
+    return f"{pts(diff['mean'])} [{lo}, {hi}], p = {diff['p_value']:.3g}"
 
 
 def md_depth(res: dict, arms: dict[str, Arm], scale: Scale, fig: str) -> str:
