@@ -13,6 +13,7 @@ from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, Positi
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.ray.orchestration_section import OrchestrationSection
+from rltt.planning.run_settings import DEFAULT_HEADROOM
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
                            TrainSection, check_exit_policy, is_file, path_exists)
@@ -184,12 +185,20 @@ class RolloutSection:
 class RLTrainSection(TrainSection):
     """``eval_every`` steps (0 = no evaluation) the held-out set is sampled ``eval_samples`` times
     per prompt at ``eval_temperature`` (0 = greedy) with the exit policy ``eval_exit_policy``
-    (null: the rollout's; e.g. ``threshold:0.9`` scores at a deployment exit policy)."""
+    (null: the rollout's; e.g. ``threshold:0.9`` scores at a deployment exit policy). The first
+    evaluation runs before step 1 over all ``data.eval_size`` held-out prompts (``rltt train``
+    states its cost first).
+
+    ``memory_headroom``: the share of each device the memory plan leaves free (`rltt plan`; the
+    rollout chunk and both phases fill at most ``1 - memory_headroom`` of it) for what the plan
+    does not count as allocated bytes: the blocks the caching allocator reserves beyond them
+    (fragmentation) and untracked library buffers. Default 0.10, not measured on a GPU yet."""
 
     eval_every: NonNegativeInt = 10
     eval_samples: PositiveInt = 1
     eval_temperature: NonNegativeFloat = 1.0
     eval_exit_policy: str | None = None
+    memory_headroom: Annotated[float, Range(ge=0, lt=1)] = DEFAULT_HEADROOM
 
 
 @dataclass

@@ -60,10 +60,12 @@ def _task_changes(s: RunSettings):
 def problem_line(shape: ModelShape, s: RunSettings, device_bytes: int, plan, plan_settings) -> str:
     """One line: what does not fit and the recipe keys that would make it fit; ``plan_settings``
     re-plans a changed setting (`rltt.planning.memory_plan.plan_settings`)."""
-    failing = [name for name, value in plan.phases.items() if value > device_bytes or
+    budget = plan.budget_bytes
+    failing = [name for name, value in plan.phases.items() if value > budget or
                (name == "rollout" and plan.rollout_rows_per_chunk == 0)]
-    head = f"does not fit in {gib(device_bytes)} GiB per device: " + _what_fails(s, device_bytes, plan)
-    if s.chunk_rows != "auto" and plan.phases["learner"] <= device_bytes:
+    head = (f"does not fit in {gib(device_bytes)} GiB per device ({gib(budget)} GiB usable: {KEYS['headroom']}="
+            f"{s.headroom:g} is left free): " + _what_fails(s, budget, plan))
+    if s.chunk_rows != "auto" and plan.phases["learner"] <= budget:
         auto = plan_settings(shape, replace(s, chunk_rows="auto"), device_bytes)
         if auto.fits:
             return f"{head}; set rollout.chunk_rows={auto.rollout_rows_per_chunk} or auto"
@@ -92,15 +94,15 @@ def problem_line(shape: ModelShape, s: RunSettings, device_bytes: int, plan, pla
             f"memory, more GPUs (--gpus with learner.zero_stage=3) or a smaller model")
 
 
-def _what_fails(s: RunSettings, device_bytes: int, plan) -> str:
+def _what_fails(s: RunSettings, budget: int, plan) -> str:
     parts = []
     if plan.rollout_rows_per_chunk == 0:
         parts.append(f"the rollout phase needs {gib(plan.phases['rollout'])} GiB even at one group "
                      f"({min(s.group_size, s.rows_per_rank)} rows) per chunk")
-    elif plan.phases["rollout"] > device_bytes:
+    elif plan.phases["rollout"] > budget:
         parts.append(f"the rollout phase needs {gib(plan.phases['rollout'])} GiB at rollout.chunk_rows="
                      f"{plan.rollout_rows_per_chunk}")
-    if plan.phases["learner"] > device_bytes:
+    if plan.phases["learner"] > budget:
         parts.append(f"the learner phase needs {gib(plan.phases['learner'])} GiB "
                      f"(activations {gib(plan.components['activations'])} GiB for {s.micro_rows} rows × "
                      f"{s.sequence_tokens} tokens)")

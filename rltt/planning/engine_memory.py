@@ -8,6 +8,20 @@ keyed like ``rollout.engine``):
 - **vllm**: its share of the device — ``gpu_memory_utilization`` × device memory on a GPU,
   ``kv_cache_gb`` plus its copy of the weights on the CPU — inside which it keeps its KV cache and
   batches the step's rows itself; the plan can lower its share to make room (`memory_changes`).
+  Asleep (``rollout.vllm.sleep``, on by default with CUDA) it holds through the learner phase only
+  what sleep level 1 keeps (`VLLM_ASLEEP`); the rest of its share (``vllm_woken``) counts in the
+  rollout phase alone.
+
+What vLLM 0.32's sleep level 1 does (``CuMemAllocator.sleep`` via the ``cumem`` sleep backend):
+every allocation made inside its sleep allocator's pools is unmapped — the ``weights`` (and
+``runtime`` KV-init state) after a copy to pinned CPU memory, the ``kv_cache`` and ``workspace``
+pools dropped — then ``torch.cuda.empty_cache()`` hands the caching allocator's free blocks back.
+The CPU copy of the weights is host memory, not GPU memory. What stays on the GPU is what was
+allocated outside those pools: the CUDA graphs' memory pool (a private pool of torch's caching
+allocator, captured at start-up unless ``enforce_eager``; vLLM logs its size as "CUDA graph pool
+memory"), the model runner's persistent input/sampler buffers, and, with ``multiprocess``, the
+engine core's own CUDA context. None of these has been measured here: `VLLM_ASLEEP` holds
+allowances.
 
 A new engine adds a row here; the plan, its table and its advice do not branch on engine names.
 """
@@ -27,7 +41,19 @@ if TYPE_CHECKING:
 
 GIB = 1 << 30  # the plan's unit (`rltt.planning.footprint` reads it from here)
 #: the rollout terms of the plan (`rltt.planning.footprint.ROLLOUT`)
-ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace")
+ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace", "vllm_woken")
+
+#: what a vLLM engine asleep at level 1 still holds on the GPU (module docstring): an allowance in
+#: bytes per item and whether it applies to the run's settings. Unmeasured: a GPU run replaces them.
+VLLM_ASLEEP = {
+    "CUDA graph pool and persistent buffers": (GIB, lambda s: not s.vllm_eager),
+    "the engine process's CUDA context": (GIB, lambda s: s.vllm_multiprocess),
+}
+
+
+def vllm_asleep_bytes(s: "RunSettings") -> int:
+    """What a sleeping vLLM engine keeps on the GPU under ``s`` (`VLLM_ASLEEP`)."""
+    return sum(size for size, applies in VLLM_ASLEEP.values() if applies(s))
 
 
 @dataclass(frozen=True)
@@ -42,7 +68,10 @@ class NativeMemory:
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
         return {"engine_copy": 0 if self.shares_model(s) else s.engine_bytes * shape.parameters, "vllm": 0}
 
-    def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int) -> dict[str, int]:
+    def note(self, shape: "ModelShape", s: "RunSettings") -> str | None:
+        return None
+
+    def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int, device_bytes: int) -> dict[str, int]:
         if rows <= 0:
             return dict.fromkeys(ROLLOUT, 0)
         b, seq = s.engine_bytes, s.sequence_tokens
@@ -50,6 +79,7 @@ class NativeMemory:
             "rollout_kv": rm.kv_bytes(shape, rows, seq, b),
             "rollout_state": rm.state_bytes(shape, rows, seq, b),
             "rollout_workspace": rm.workspace_bytes(shape, rows, s.group_size, s.prompt_tokens, b, s.top_p, s.top_k),
+            "vllm_woken": 0,
         }
 
     def chunk_rows(self, s: "RunSettings", fits: Callable[[int], bool]) -> tuple[int, str | None]:
@@ -78,15 +108,33 @@ class VllmMemory:
     def shares_model(self, s: "RunSettings") -> bool:
         return False
 
-    def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
+    def share(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> int:
+        """Its share awake: ``gpu_memory_utilization`` × the GPU, or its KV space and weights on the CPU."""
         if s.device == "cuda":
-            share = int(s.vllm_utilization * device_bytes)
-        else:
-            share = int(s.vllm_kv_gb * GIB) + s.engine_bytes * shape.parameters
-        return {"engine_copy": 0, "vllm": share}
+            return int(s.vllm_utilization * device_bytes)
+        return int(s.vllm_kv_gb * GIB) + s.engine_bytes * shape.parameters
 
-    def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int) -> dict[str, int]:
-        return dict.fromkeys(ROLLOUT, 0)  # inside its share
+    def held(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> int:
+        """What it holds through the learner phase: the whole share, or asleep what sleep keeps."""
+        share = self.share(shape, s, device_bytes)
+        return min(share, vllm_asleep_bytes(s)) if s.vllm_sleep else share
+
+    def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
+        return {"engine_copy": 0, "vllm": self.held(shape, s, device_bytes)}
+
+    def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int, device_bytes: int) -> dict[str, int]:
+        woken = self.share(shape, s, device_bytes) - self.held(shape, s, device_bytes)  # mapped back to sample
+        return {**dict.fromkeys(ROLLOUT, 0), "vllm_woken": woken}  # its KV lives inside its share
+
+    def note(self, shape: "ModelShape", s: "RunSettings") -> str | None:
+        if not s.vllm_sleep:
+            return ("rollout.vllm.sleep off: vLLM's whole share stays on the device through the learner phase"
+                    if s.device == "cuda" else None)
+        kept = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, (size, applies) in VLLM_ASLEEP.items()
+                         if applies(s)) or "nothing counted"
+        return (f"rollout.vllm.sleep: vLLM sleeps (level 1) through the learner phase — its weights go to pinned "
+                f"CPU memory ({s.engine_bytes * shape.parameters / GIB:.2f} GiB of host RAM, not GPU memory), its "
+                f"KV cache is dropped; it keeps {kept} (allowances, not measured)")
 
     def chunk_rows(self, s: "RunSettings", fits: Callable[[int], bool]) -> tuple[int, str | None]:
         return s.rows_per_rank, ("rollout.engine=vllm: its KV cache is inside its gpu_memory_utilization share "

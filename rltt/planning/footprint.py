@@ -8,8 +8,11 @@ part = ⌈P / N⌉ (a ZeRO partition)::
                     policy's dtype: `rltt.learner.learner.Learner`)
     engine_copy     b_engine·P when the native engine does not share the learner's model
                     (`rltt.orchestration.components.shares_model`)
-    vllm            rollout.engine=vllm: gpu_memory_utilization × device memory (GPU);
-                    kv_cache_gb + b_engine·P (CPU)
+    vllm            rollout.engine=vllm, what it holds through the learner phase: its share —
+                    gpu_memory_utilization × device memory (GPU), kv_cache_gb + b_engine·P (CPU) —
+                    or, asleep (rollout.vllm.sleep, on with CUDA), what sleep level 1 keeps
+                    (`rltt.planning.engine_memory.VLLM_ASLEEP`)
+    vllm_woken      rollout phase only: the rest of its share, mapped back for each rollout (weights, KV)
                     (both from the engine's row of `rltt.planning.engine_memory.ENGINE_MEMORY`)
     optimizer       AdamW's two moments: torch 2·b·P (in the parameters' dtype); DeepSpeed 8·P (ZeRO 0),
                     8·part (ZeRO ≥ 1)
@@ -21,13 +24,17 @@ part = ⌈P / N⌉ (a ZeRO partition)::
     step_workspace  at the optimizer step (activations are freed by then): DeepSpeed's fp32 gradients
                     (4·P ZeRO 0 with bf16, 4·part ZeRO ≥ 1) + AdamW's foreach temporaries (one moment
                     of the local parameters on CUDA; two copies of the largest tensor on CPU)
-    runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB), plus a
-                    reserve of 5 % of the device for allocator fragmentation and untracked tensors
+    runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB)
+
+Every other figure is allocated bytes (what ``torch.cuda.memory_allocated`` counts). What the
+caching allocator reserves beyond them (fragmentation, cached free blocks) and untracked library
+buffers are not modelled: the plan leaves ``train.memory_headroom`` of each device free for them
+(`RunSettings.budget_bytes`), and a phase fits when it is at most the rest.
 
 Activations and the log-prob workspace: `rltt.planning.activations`; rollout KV, state and
 workspace: `rltt.planning.rollout_memory`. Phases::
 
-    rollout = resident + rollout_kv + rollout_state + rollout_workspace
+    rollout = resident + rollout_kv + rollout_state + rollout_workspace + vllm_woken
     learner = resident + gradients + max(activations + logits_workspace,          (the LM head's backward)
                                          held + loop_gradients,                    (loop T's backward done)
                                          step_workspace)                           (the optimizer step)
@@ -36,7 +43,8 @@ workspace: `rltt.planning.rollout_memory`. Phases::
 (held: the activations still held after loop T's backward, `rltt.planning.activations.held_after_last_loop`.)
 
 (the native engine frees its chunk's buffers before the learner runs; gradients are dropped after
-each optimizer step). The vLLM engine's KV lives inside its share, so its rollout terms are 0.
+each optimizer step). The vLLM engine's KV lives inside its share, so its native rollout terms
+are 0.
 """
 
 from __future__ import annotations
@@ -46,8 +54,7 @@ from rltt.planning.engine_memory import GIB, ROLLOUT, engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 
-RUNTIME = {"cuda": GIB, "cpu": GIB // 2}
-RESERVE_FRACTION = 0.05  # of the device: allocator fragmentation, untracked tensors
+RUNTIME = {"cuda": GIB, "cpu": GIB // 2}  # the CUDA context and library workspaces, or the CPU process
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
@@ -71,7 +78,7 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         optimizer, master = 8 * part, 4 * part
     engine = engine_memory(s.engine).resident(shape, s, device_bytes)
     return {
-        "runtime": RUNTIME[s.device] + int(RESERVE_FRACTION * device_bytes),
+        "runtime": RUNTIME[s.device],
         "weights": weights,
         "reference": b * P if s.needs_reference else 0,
         "engine_copy": engine["engine_copy"],
@@ -108,9 +115,9 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     }
 
 
-def rollout(shape: ModelShape, s: RunSettings, rows: int) -> dict[str, int]:
+def rollout(shape: ModelShape, s: RunSettings, rows: int, device_bytes: int) -> dict[str, int]:
     """The rollout terms of a chunk of ``rows`` rows (the engine's row of the table)."""
-    return engine_memory(s.engine).rollout(shape, s, rows)
+    return engine_memory(s.engine).rollout(shape, s, rows, device_bytes)
 
 
 def held_activations(shape: ModelShape, s: RunSettings) -> int:

@@ -3,7 +3,8 @@
 The training loop calls it before it loads the model; ``rltt plan`` prints it. A `MemoryPlan`
 holds the per-device bytes of every component (`rltt.planning.footprint`), the two phases'
 peaks, the rollout chunk (`rltt.planning.chunking`) and the verdict: it fits when both phases fit
-with at least one group of rows per chunk; otherwise ``problem`` is one line naming the recipe
+in ``budget_bytes`` (the device less ``train.memory_headroom``) with at least one group of rows
+per chunk; otherwise ``problem`` is one line naming the recipe
 keys to change (`rltt.planning.advice`).
 """
 
@@ -41,8 +42,10 @@ class MemoryPlan:
     checkpointing: bool
     rollout_rows_per_chunk: int  # 0: not even one group fits
     chunk_rows_setting: int | str
-    components: dict[str, int]
+    components: dict[str, int]  # allocated bytes (runtime: the CUDA context and library workspaces)
     phases: dict[str, int]
+    headroom: float  # train.memory_headroom: the share of the device left free for what the allocator reserves
+    budget_bytes: int  # what the phases may fill: device_bytes × (1 - headroom)
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -68,7 +71,8 @@ class MemoryPlan:
             "micro_batch_rows": self.micro_batch_rows, "activation_checkpointing": self.checkpointing,
             "rollout_rows_per_chunk": self.rollout_rows_per_chunk, "chunk_rows_setting": self.chunk_rows_setting,
             "chunks_per_step": self.chunks_per_step, "components": dict(self.components), "phases": dict(self.phases),
-            "peak_bytes": self.peak_bytes, "problem": self.problem, "notes": list(self.notes),
+            "peak_bytes": self.peak_bytes, "headroom": self.headroom, "budget_bytes": self.budget_bytes,
+            "problem": self.problem, "notes": list(self.notes),
         }
 
 
@@ -107,18 +111,21 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
         notes.append(f"data.max_prompt_tokens is capped at the model's {shape.max_positions} positions minus one")
     resident = comp.resident(shape, s, device_bytes)
     base = sum(resident.values())
+    budget = s.budget_bytes(device_bytes)  # all but train.memory_headroom
 
     def rollout_fits(rows: int) -> bool:
-        return base + sum(comp.rollout(shape, s, rows).values()) <= device_bytes
+        return base + sum(comp.rollout(shape, s, rows, device_bytes).values()) <= budget
 
-    rows, note = engine_memory(s.engine).chunk_rows(s, rollout_fits)
-    if note:
-        notes.append(note)
+    engine = engine_memory(s.engine)
+    rows, note = engine.chunk_rows(s, rollout_fits)
+    for line in (note, engine.note(shape, s)):
+        if line:
+            notes.append(line)
     shown_rows = rows or min(s.group_size, s.rows_per_rank)
-    components = {**resident, **comp.rollout(shape, s, shown_rows), **comp.learner(shape, s)}
+    components = {**resident, **comp.rollout(shape, s, shown_rows, device_bytes), **comp.learner(shape, s)}
     components = {k: components[k] for k in comp.ORDER}
     phases = comp.phases(components, comp.held_activations(shape, s))
-    fits = rows > 0 and all(v <= device_bytes for v in phases.values())
+    fits = rows > 0 and all(v <= budget for v in phases.values())
     positions, _, keys = s.learner_positions()
     if keys is None:
         notes.append(f"activations: the padded micro-batch, {positions} positions (every row's prompt + "
@@ -133,7 +140,8 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
         kv_bytes_per_token=shape.kv_bytes_per_token(s.engine_bytes),
         prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens, rows_per_rank=s.rows_per_rank,
         micro_batch_rows=s.micro_rows, checkpointing=s.checkpointing, rollout_rows_per_chunk=rows,
-        chunk_rows_setting=s.chunk_rows, components=components, phases=phases, notes=notes)
+        chunk_rows_setting=s.chunk_rows, components=components, phases=phases, headroom=s.headroom,
+        budget_bytes=budget, notes=notes)
 
 
 def plan_here(recipe, gpus: int = 1, device_index: int = 0) -> MemoryPlan:

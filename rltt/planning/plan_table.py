@@ -1,5 +1,6 @@
-"""The plan as text: an aligned table of the per-device components (GiB), the phases' peaks,
-the rollout chunk and the verdict."""
+"""The plan as text: an aligned table of the per-device components (GiB, allocated bytes), the
+phases' peaks against the usable share (the device less ``train.memory_headroom``), which figures
+are allocated and what the allocator may reserve beyond them, the rollout chunk and the verdict."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ from rltt.planning.engine_memory import engine_memory
 from rltt.planning.footprint import GIB, LEARNER, RESIDENT, ROLLOUT
 
 LABELS = {
-    "runtime": "runtime + 5 % reserve",
+    "runtime": "CUDA context / process",
     "weights": "policy weights",
     "reference": "reference model",
     "engine_copy": "engine copy of the weights",
-    "vllm": "vLLM share",
+    "vllm": "vLLM held in the update",
     "optimizer": "optimizer moments (AdamW)",
     "master_weights": "fp32 master weights",
     "rollout_kv": "rollout KV",
     "rollout_state": "rollout carry/gates/tokens",
     "rollout_workspace": "sampling / prefill workspace",
+    "vllm_woken": "vLLM woken (weights + KV)",
     "gradients": "gradients",
     "loop_gradients": "loop-summed block gradients",
     "activations": "activations (one micro-batch)",
@@ -45,6 +47,7 @@ def format_plan(plan, title: str = "") -> str:
         "",
         f"{'component':<{width}}{'GiB':>8}  phase",
     ]
+    lines[-1] = f"{'component (allocated bytes)':<{width}}{'GiB':>8}  phase"
     for group, phase in ((RESIDENT, "both"), (ROLLOUT, "rollout"), (LEARNER, "learner")):
         for key in group:
             value = plan.components.get(key, 0)
@@ -57,8 +60,13 @@ def format_plan(plan, title: str = "") -> str:
         "",
         f"{'rollout phase peak':<{width}}{_gib(plan.phases['rollout'])}  ({chunk})",
         f"{'learner phase peak':<{width}}{_gib(plan.phases['learner'])}",
-        f"{'peak':<{width}}{_gib(plan.peak_bytes)}  of {plan.device_bytes / GIB:.2f} GiB",
+        f"{'peak':<{width}}{_gib(plan.peak_bytes)}  of {plan.budget_bytes / GIB:.2f} GiB usable",
+        f"{'headroom':<{width}}{_gib(plan.device_bytes - plan.budget_bytes)}  left free "
+        f"(train.memory_headroom={plan.headroom:g} of {plan.device_bytes / GIB:.2f} GiB)",
         "",
+        "allocated vs reserved: every component above is allocated bytes (torch.cuda.memory_allocated "
+        "counts them; the CUDA context row is outside it); the caching allocator may reserve more "
+        "(torch.cuda.memory_reserved: fragmentation, cached free blocks), which the headroom is left for",
     ]
     setting = "auto" if plan.chunk_rows_setting == "auto" else f"rollout.chunk_rows={plan.chunk_rows_setting}"
     line = engine.chunk_line(rows, plan.rows_per_rank, setting, plan.chunks_per_step)
@@ -68,7 +76,8 @@ def format_plan(plan, title: str = "") -> str:
         lines.append(f"note: {note}")
     if plan.fits:
         lines.append(f"verdict: fits — rollout phase {plan.phases['rollout'] / GIB:.1f} GiB ({chunk}), "
-                     f"learner phase {plan.phases['learner'] / GIB:.1f} GiB, of {plan.device_bytes / GIB:.1f} GiB")
+                     f"learner phase {plan.phases['learner'] / GIB:.1f} GiB, of {plan.budget_bytes / GIB:.1f} GiB "
+                     f"usable ({plan.device_bytes / GIB:.1f} GiB less {plan.headroom:.0%} headroom)")
     else:
         lines.append(f"verdict: {plan.problem}")
     return "\n".join(lines)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+#: ``train.memory_headroom``'s default (`rltt.orchestration.train_recipe.RLTrainSection`)
+DEFAULT_HEADROOM = 0.10
 
 #: RunSettings field -> the recipe key a user changes
 KEYS = {
@@ -31,6 +33,8 @@ KEYS = {
     "completion_tokens": "rollout.max_new_tokens",
     "prompt_tokens": "data.max_prompt_tokens",
     "vllm_utilization": "rollout.vllm.gpu_memory_utilization",
+    "vllm_sleep": "rollout.vllm.sleep",
+    "headroom": "train.memory_headroom",
 }
 
 
@@ -58,6 +62,10 @@ class RunSettings:
     chunk_rows: int | str
     pack_sequences: bool = True
     fp32_head: bool = False  # learner.lm_head_dtype: fp32 (its activations count only on a 16-bit learner)
+    vllm_sleep: bool = False  # rollout.vllm.sleep as the engine resolves it (null: on with CUDA, never on CPU)
+    vllm_eager: bool = False  # rollout.vllm.enforce_eager as resolved (null: eager on CPU, CUDA graphs on GPU)
+    vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
+    headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
 
     @classmethod
     def from_recipe(cls, recipe, device: str, gpus: int = 1) -> "RunSettings":
@@ -74,7 +82,15 @@ class RunSettings:
             completion_tokens=completion_width(r), top_p=r.top_p, top_k=r.top_k,
             chunk_rows=r.chunk_rows, pack_sequences=bool(getattr(learner, "pack_sequences", True)),
             fp32_head=getattr(learner, "lm_head_dtype", "model") == "fp32",
+            vllm_sleep=(device == "cuda") if r.vllm.sleep is None else (bool(r.vllm.sleep) and device == "cuda"),
+            vllm_eager=(device == "cpu") if r.vllm.enforce_eager is None else bool(r.vllm.enforce_eager),
+            vllm_multiprocess=bool(r.vllm.multiprocess),
+            headroom=recipe.train.memory_headroom,
         )
+
+    def budget_bytes(self, device_bytes: int) -> int:
+        """What the plan may fill of a device of ``device_bytes``: all but ``train.memory_headroom``."""
+        return int(device_bytes * (1 - self.headroom))
 
     # -- dtypes ------------------------------------------------------------------------------
     @property

@@ -85,3 +85,19 @@ def test_bad_arguments_are_one_line(ouro, capsys):
     assert main(["plan", GSM8K, "model.path=/nonexistent/dir", "--gpu-memory", "80"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(line.startswith("rltt plan: error:") for line in err)
+
+
+def test_vllm_dense_on_80_gib_fits_and_says_allocated_vs_reserved(ouro, capsys):
+    """`rltt plan recipes/gsm8k.yaml rollout.engine=vllm rollout.schedule=dense --gpu-memory 80`:
+    vLLM asleep in the update; the table says its figures are allocated bytes and what the
+    allocator may reserve beyond them is the headroom's."""
+    code = main(["plan", GSM8K, f"model.path={ouro}", "rollout.engine=vllm", "rollout.schedule=dense",
+                 "--gpu-memory", "80"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "", err
+    assert "component (allocated bytes)" in out and "torch.cuda.memory_reserved" in out
+    assert "train.memory_headroom=0.1 of 80.00 GiB" in out and "of 72.00 GiB usable" in out
+    assert "vLLM held in the update" in out and "vLLM woken (weights + KV)" in out
+    code = main(["plan", GSM8K, f"model.path={ouro}", "--gpu-memory", "80", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["headroom"] == 0.1 and plan["budget_bytes"] == int(0.9 * 80 * 2**30)

@@ -10,7 +10,7 @@ from rltt.orchestration.components import shares_model
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.planning import plan_run
-from rltt.planning.engine_memory import ENGINE_MEMORY, ROLLOUT, engine_memory
+from rltt.planning.engine_memory import ENGINE_MEMORY, ROLLOUT, engine_memory, vllm_asleep_bytes
 from rltt.planning.footprint import GIB
 from rltt.planning.run_settings import RunSettings
 from tests.planning.helpers import OURO_1_4B
@@ -37,8 +37,10 @@ def test_shared_weights_match_what_the_orchestration_builds(engine, backend, dty
     plan = plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda")
     copy = plan.components["engine_copy"]
     assert (copy == 0) == (engine == "vllm" or shares_model(recipe))
-    if engine == "vllm":  # its share holds the KV; no native buffers
-        assert plan.components["vllm"] == int(recipe.rollout.vllm.gpu_memory_utilization * 80 * GIB)
-        assert all(plan.components[k] == 0 for k in ROLLOUT)
+    if engine == "vllm":  # its share holds the KV; no native buffers; asleep in the update (on by default)
+        share = int(recipe.rollout.vllm.gpu_memory_utilization * 80 * GIB)
+        assert plan.components["vllm"] + plan.components["vllm_woken"] == share
+        assert plan.components["vllm"] == vllm_asleep_bytes(s) < share
+        assert all(plan.components[k] == 0 for k in ROLLOUT if k != "vllm_woken")
     else:
         assert plan.components["vllm"] == 0 and plan.components["rollout_kv"] > 0

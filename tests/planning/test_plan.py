@@ -71,11 +71,52 @@ def test_components_follow_the_recipe():
 
 
 def test_vllm_takes_its_share_and_has_no_native_kv():
-    recipe = gsm8k("rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.gpu_memory_utilization=0.3")
+    recipe = gsm8k("rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.gpu_memory_utilization=0.3",
+                   "rollout.vllm.sleep=false")
     plan = plan_run(recipe, OURO_1_4B, 141 * GIB, device="cuda")
-    assert plan.components["vllm"] == int(0.3 * 141 * GIB)
+    assert plan.components["vllm"] == int(0.3 * 141 * GIB) and plan.components["vllm_woken"] == 0
     assert plan.components["rollout_kv"] == 0 and plan.components["engine_copy"] == 0
     assert plan.rollout_rows_per_chunk == plan.rows_per_rank
+
+
+def test_sleeping_vllm_holds_only_what_sleep_keeps_in_the_learner_phase():
+    """rollout.vllm.sleep (on by default with CUDA) frees vLLM's weights and KV before the
+    update: the learner phase counts what a level-1 sleep keeps, the rollout phase the share."""
+    vllm = ("rollout.engine=vllm", "rollout.schedule=dense")
+    asleep = plan_run(gsm8k(*vllm), OURO_1_4B, 80 * GIB, device="cuda")
+    awake = plan_run(gsm8k(*vllm, "rollout.vllm.sleep=false"), OURO_1_4B, 80 * GIB, device="cuda")
+    share = int(0.5 * 80 * GIB)  # the recipe keeps vLLM's default gpu_memory_utilization 0.5
+    assert asleep.fits and asleep.problem is None, asleep.problem  # rltt plan ... --gpu-memory 80 fits
+    assert asleep.components["vllm"] == GIB  # the CUDA graph pool's allowance (CUDA graphs on: not eager)
+    assert asleep.components["vllm"] + asleep.components["vllm_woken"] == share
+    assert awake.phases["learner"] - asleep.phases["learner"] == share - GIB
+    assert asleep.phases["rollout"] == awake.phases["rollout"]  # awake for the rollout either way
+    assert asleep.phases["learner"] < 64 * GIB < 72 * GIB < awake.phases["learner"]
+    assert "rollout.vllm.sleep" in " ".join(asleep.notes) and "not GPU memory" in " ".join(asleep.notes)
+    eager = plan_run(gsm8k(*vllm, "rollout.vllm.enforce_eager=true"), OURO_1_4B, 80 * GIB, device="cuda")
+    own = plan_run(gsm8k(*vllm, "rollout.vllm.multiprocess=true"), OURO_1_4B, 80 * GIB, device="cuda")
+    assert eager.components["vllm"] == 0 and own.components["vllm"] == 2 * GIB  # + its process's CUDA context
+    cpu = plan_run(gsm8k(*vllm, "model.device=cpu"), OURO_1_4B, 200 * GIB, device="cpu")
+    assert cpu.components["vllm_woken"] == 0 and cpu.components["vllm"] > GIB  # vLLM cannot sleep on the CPU
+
+
+def test_headroom_is_left_free_and_chunk_sizing_fills_the_rest():
+    default = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, device="cuda")
+    assert default.headroom == 0.10 and default.budget_bytes == int(0.9 * 80 * GIB)
+    assert default.components["runtime"] == GIB  # the CUDA context alone: no reserve hidden in a component
+    for headroom in ("0", "0.1", "0.25"):
+        plan = plan_run(gsm8k(f"train.memory_headroom={headroom}"), OURO_1_4B, 80 * GIB, device="cuda")
+        rows = plan.rollout_rows_per_chunk
+        assert plan.budget_bytes == int((1 - float(headroom)) * 80 * GIB)
+        assert plan.phases["rollout"] <= plan.budget_bytes  # filled up to 1 - headroom, never beyond
+        more = plan_run(gsm8k(f"train.memory_headroom={headroom}", f"rollout.chunk_rows={rows + 8}"),
+                        OURO_1_4B, 80 * GIB, device="cuda")
+        assert more.phases["rollout"] > plan.budget_bytes and not more.fits  # one more group would not fit
+        assert "train.memory_headroom" in more.problem and "\n" not in more.problem
+    assert [plan_run(gsm8k(f"train.memory_headroom={h}"), OURO_1_4B, 80 * GIB, device="cuda").rollout_rows_per_chunk
+            for h in (0, 0.1, 0.25)] == [72, 56, 40]
+    with pytest.raises(RlttError, match="'train.memory_headroom'.*< 1"):
+        gsm8k("train.memory_headroom=1")
 
 
 def test_thinking_budget_widens_the_sequence():
@@ -129,7 +170,7 @@ def test_chunk_rows_are_whole_groups_and_monotone_in_device_memory(a, b, gpus, g
         if 0 < rows < plan.rows_per_rank:  # the largest: one more group (KV, state, workspace) would not fit
             more = replace(recipe, rollout=replace(recipe.rollout, chunk_rows=rows + group))
             assert plan_run(more, OURO_1_4B, plan.device_bytes, gpus=gpus, device="cuda").phases["rollout"] \
-                > plan.device_bytes
+                > plan.budget_bytes
     assert low.rollout_rows_per_chunk <= high.rollout_rows_per_chunk
 
 
