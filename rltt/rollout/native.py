@@ -169,7 +169,7 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     decider.start_tokens(list(range(num_rows)), [0] * num_rows)
 
     out = [CompletedRow() for _ in range(num_rows)]
-    budget = _Budget(thinking, num_rows, params.max_new_tokens)
+    cap = [params.max_new_tokens] * num_rows  # each row's completion cap (a thinking budget's rule changes it)
     schedule = Schedule(params.schedule, replayable=True)
     schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
     entries = sum(p.entries() for p in schedule.passes)
@@ -206,17 +206,20 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
                 row.add(token, steps[i], lp, lp_t, floor)
                 sched.exited(r)
                 reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
-                if reason is None and budget.should_force(r, row.tokens):
-                    if position + len(thinking.interruption) < max_positions:
-                        forced = torch.tensor(thinking.interruption, device=executor.device)
-                        executor.tokens[r, position + 1: position + 1 + len(forced)] = forced
-                        row.force(thinking.interruption)
-                        budget.forced(r, len(row.tokens))
-                        sched.force(r, len(forced))
-                        position += len(forced)
-                    else:  # no room for the interruption and an answer
+                if reason is None and thinking is not None and len(row.tokens) == thinking.budget:
+                    # the forced-answer rule; the next sampled token needs a position < max_positions
+                    then = thinking.at_budget(row.tokens, params.max_new_tokens, max_positions - position)
+                    if then is None:
                         reason = "length"
-                if reason is None and (len(row.tokens) >= budget.cap[r]
+                    else:
+                        ids, cap[r] = then
+                        if ids:
+                            executor.tokens[r, position + 1: position + 1 + len(ids)] = torch.tensor(
+                                ids, device=executor.device)
+                            row.force(ids)
+                            sched.force(r, len(ids))
+                            position += len(ids)
+                if reason is None and (len(row.tokens) >= cap[r]
                                        or position >= max_positions):
                     reason = "length"  # the next token would need a position the model does not have
                 if reason:
@@ -247,30 +250,6 @@ def kv_positions(longest_prompt: int, params: SamplingParams, max_positions: int
     thinking = params.thinking
     width = params.max_new_tokens if thinking is None else max(params.max_new_tokens, thinking.max_completion)
     return min(longest_prompt + width, max_positions + 1)
-
-
-class _Budget:
-    """Per-row completion caps and the thinking budget: which rows get the forced interruption."""
-
-    def __init__(self, thinking, num_rows: int, max_new_tokens: int):
-        self.thinking = thinking
-        self.cap = [max_new_tokens] * num_rows
-        self.closed = [False] * num_rows
-
-    def should_force(self, row: int, completion: list[int]) -> bool:
-        """After a sampled token: the row reached the budget with its thinking still open."""
-        t = self.thinking
-        if t is None:
-            return False
-        if not self.closed[row] and completion[-len(t.close):] == t.close:
-            self.closed[row] = True
-        return not self.closed[row] and len(completion) == t.budget
-
-    def forced(self, row: int, length: int) -> None:
-        """The interruption was appended (the completion now has ``length`` tokens): the row
-        may sample ``answer_budget`` more."""
-        self.closed[row] = True
-        self.cap[row] = length + self.thinking.answer_budget
 
 
 def shared_prefill(executor: PassExecutor, prompts: list[list[int]], prompt_index: list[int], lengths: list[int],

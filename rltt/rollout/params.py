@@ -56,6 +56,28 @@ class ThinkingBudget:
         """The longest completion a forced row can have."""
         return self.budget + len(self.interruption) + self.answer_budget
 
+    def closed(self, completion: Sequence[int]) -> bool:
+        """Whether ``completion`` closed its thinking: the ``close`` ids occur in it as a run."""
+        k = len(self.close)
+        return any(list(completion[i: i + k]) == self.close for i in range(len(completion) - k + 1))
+
+    def at_budget(self, completion: Sequence[int], max_new_tokens: int, room: int) -> tuple[list[int], int] | None:
+        """The forced-answer rule, written once for every engine: what a row does that has sampled
+        ``budget`` completion tokens ``completion`` without stopping. ``room``: how many tokens the
+        row can still be given before the model's positions run out, counting the one it samples
+        next (each engine counts its own positions).
+
+        Returns ``(forced, cap)``: append the ``forced`` ids (not sampled), then sample until the
+        completion holds ``cap`` tokens — thinking closed in time: no forced ids, on to
+        ``max_new_tokens``; still open: the ``interruption``, then ``answer_budget`` more. None
+        when there is no room for the interruption and one answer token (the row ends
+        ``length``)."""
+        if self.closed(completion):
+            return [], max_new_tokens
+        if len(self.interruption) >= room:
+            return None
+        return list(self.interruption), len(completion) + len(self.interruption) + self.answer_budget
+
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)

@@ -510,13 +510,15 @@ class VllmEngine(RolloutEngine):
                 row = rows[r]
                 if row.finish == "stop" or len(row.tokens) < thinking.budget:
                     continue
-                if not _contains(row.tokens, thinking.close):
-                    if len(prompts[i]) + len(row.tokens) + len(thinking.interruption) >= self.max_model_len:
-                        continue  # no room for the interruption and an answer: "length"
-                    row.force(thinking.interruption)
-                    cap = thinking.answer_budget
-                else:
-                    cap = params.max_new_tokens - len(row.tokens)
+                # the forced-answer rule; a request's prompt and output fit max_model_len together
+                then = thinking.at_budget(row.tokens, params.max_new_tokens,
+                                          self.max_model_len - len(prompts[i]) - len(row.tokens))
+                if then is None:
+                    continue  # no room for the interruption and an answer: "length"
+                ids, total = then
+                if ids:
+                    row.force(ids)
+                cap = total - len(row.tokens)
                 if cap > 0 and len(prompts[i]) + len(row.tokens) < self.max_model_len:
                     more.append((r, prompts[i], row.tokens, cap))
             for (r, *_), seg in zip(more, run(more)):
@@ -664,12 +666,6 @@ def _rltt_reason(exc: BaseException) -> str:
         if at >= 0:
             return line[at + len("rltt: "):]
     return lines[-1] if lines else type(exc).__name__
-
-
-def _contains(seq: list[int], sub: list[int]) -> bool:
-    """``sub`` occurs in ``seq`` as a contiguous run."""
-    k = len(sub)
-    return any(seq[i: i + k] == sub for i in range(len(seq) - k + 1))
 
 
 def _dtype_name(model_or_path: Any, config) -> str:

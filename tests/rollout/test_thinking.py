@@ -126,3 +126,14 @@ def test_thinking_budget_validation():
         SamplingParams(thinking=ThinkingBudget(2, [1], [], 3)).validate()
     with pytest.raises(RlttError, match="thinking.close"):
         SamplingParams(thinking=ThinkingBudget(2, [100], [1], 3)).validate(vocab_size=61)
+
+
+def test_the_forced_answer_rule_at_the_budget():
+    """`ThinkingBudget.at_budget`, the rule both engines apply: closed in time → on to
+    max_new_tokens; still open → the interruption and answer_budget more, when the interruption
+    and one answer token fit the positions left; else the row ends (None)."""
+    t = thinking()
+    assert t.closed([1, *CLOSE, 2]) and not t.closed([1, CLOSE[0], 2, CLOSE[1]]) and not t.closed([])
+    assert t.at_budget([1, *CLOSE, 2], 16, room=1) == ([], 16)  # closed: nothing forced, room irrelevant
+    assert t.at_budget([1, 2, 3, 4], 16, room=len(INTERRUPTION) + 1) == (INTERRUPTION, 4 + len(INTERRUPTION) + ANSWER)
+    assert t.at_budget([1, 2, 3, 4], 16, room=len(INTERRUPTION)) is None  # no position for an answer token
