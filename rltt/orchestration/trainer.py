@@ -54,6 +54,7 @@ from rltt.orchestration.ray.driver import RAY
 from rltt.orchestration.saver import STATE_FILE, CheckpointSaver
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.planning.memory_plan import plan_here
+from rltt.planning.preflight import eval_cost, eval_line, plan_lines
 from rltt.runtime.checkpoint import checkpoint_dir, clean_stale, require_run, rng_state, set_rng_state
 from rltt.runtime.guard import NonFiniteGuard
 from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
@@ -287,6 +288,8 @@ class Trainer:
         r = self.recipe
         final_eval = None
         main = self.ranks.main
+        if main:
+            self._preflight()
         if self.step == 0 and r.train.eval_every > 0:
             try:
                 with stop.step():
@@ -316,6 +319,16 @@ class Trainer:
                 maybe_review(self.run_dir, self.step, 0, final=True)
         self.ranks.barrier()  # the ranks finish together, after rank 0's review
         return RunResult(self.run_dir, self.step, self.first_eval, final_eval)
+
+    def _preflight(self) -> None:
+        """Before step 1 (rank 0, stderr): the memory plan in brief and, when it runs, the cost of
+        the held-out evaluation before step 1 (`rltt.planning.preflight`)."""
+        r = self.recipe
+        lines = plan_lines(self.plan)
+        if self.step == 0 and r.train.eval_every > 0:
+            lines.append(eval_line(eval_cost(r, len(self.eval_tasks), self.plan.loops), r.train.eval_every))
+        for line in lines:
+            print(f"rltt train: {line}", file=sys.stderr)
 
     def _loop_step(self, bar, final_eval: float | None) -> float | None:
         """One step: the training step (abandonable until its update commits it), then its
