@@ -1,10 +1,12 @@
-"""One prepared GPU check: Triton kernels, rollouts, the learner and ``rltt train`` on one GPU.
+"""One prepared GPU check: Triton kernels, rollouts, the learner, DeepSpeed and ``rltt train`` on one GPU.
 
-Device command (one H200, from the repository root; the section budgets sum to 430 s without
-vLLM, whose section then takes a second, so it finishes in at most 8 minutes; with vLLM installed
-add its 150 s and raise the timeout; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
+Device command (one H200 with the image's torch 2.11.0+cu130, triton 3.6.0 and transformers
+5.17.0, from the repository root, after ``bash bench/gpu_bundle.sh`` here: the device tool carries
+``.gpu_bundle``, the DeepSpeed wheels the image lacks; the section budgets sum to 525 s without
+vLLM's, whose section records "absent" in a second on the image, so it finishes within 9 minutes;
+run-tool timeout 590 s; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
 
-    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=$PWD timeout 540 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_bundle/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && set -o pipefail && timeout 560 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
 
 The JSON and Markdown are rewritten after every section, so a run stopped early keeps what it
 measured. A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code
@@ -37,6 +39,14 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   64 + 128 tokens, micro-batch 8; two steps, the second measured; without and with
   ``learner.activation_checkpointing`` (target: planned/measured within 0.85–1.15; on CPU the same
   comparison is bench/scale.py's, whose meter the CPU mode uses);
+- ``deepspeed``: bench/gpu_check_deepspeed.py in its own process (the default GPU path: DeepSpeed
+  ZeRO-2, bf16): one update's accumulated gradient against the fp32 sum of its micro-batch
+  gradients; recipes/gsm8k.yaml on an 80 GB card (emulated with
+  ``torch.cuda.set_per_process_memory_fraction``) and on the whole GPU — one rollout chunk of the
+  plan's rows at the recipe's lengths, one update at micro-batch 4 without and one at 16 with
+  activation checkpointing, allocated and reserved peaks against `rltt plan`'s phases; ``rltt
+  train`` with DeepSpeed, ``chunk_rows: auto`` and checkpointing for 2 steps, then ``--resume``.
+  Where DeepSpeed is not installed the section is ``absent`` with that note;
 - ``vllm``: bench/gpu_check_vllm.py in its own process: `rltt.vllm.VllmEngine` on the rollouts
   section's model with CUDA graphs on: greedy tokens and sampled exits against the native dense
   schedule, tokens/s at batch 64 and 256, and two in-place weight loads visible in the outputs
@@ -45,10 +55,11 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
 - ``smoke``: 5 steps of ``rltt train`` (the CLI's entry point, in-process) with a small random
   LoopLM and a locally trained tokenizer, on the GSM8K sample shipped with rltt.
 
-Needs only torch, triton, transformers and rltt itself. Targets (recorded, not asserted):
-deferred >= 1.5x dense tokens/s at batch >= 8; native >= 2x ``generate()`` at batch 32; the
-Triton kernel <= 1/20 of the naive peak memory and <= 1x its time; the memory plan within 15 % of
-the measured phase peaks.
+Needs only torch, triton, transformers and rltt itself (and DeepSpeed for its section). Targets
+(recorded, not asserted): deferred >= 1.5x dense tokens/s at batch >= 8; native >= 2x
+``generate()`` at batch 32; the Triton kernel <= 1/20 of the naive peak memory and <= 1x its time;
+the memory plan within 15 % of the measured phase peaks; DeepSpeed's accumulated gradient within
+one bf16 rounding of the fp32 sum.
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("deepspeed", "ray", "vllm")
-SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "vllm", "smoke")
+SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "deepspeed", "vllm", "smoke")
 GIB = 1024 ** 3
 
 # Ouro-1.4B's config.json (the fields rltt's importer reads); random weights.
@@ -103,7 +114,8 @@ class Shapes:
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            budgets=dict(imports=20, kernels=100, rollouts=145, learner=55, plan=35, vllm=150, smoke=75),
+            budgets=dict(imports=15, kernels=80, rollouts=100, learner=30, plan=35, deepspeed=220, vllm=150,
+                         smoke=45),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
@@ -118,7 +130,8 @@ class Shapes:
         small = dict(OURO_1_4B, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
         return Shapes(
-            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, plan=50, vllm=240, smoke=90),
+            budgets=dict(imports=30, kernels=60, rollouts=60, learner=40, plan=50, deepspeed=300, vllm=240,
+                         smoke=90),
             kernel_checks=[(3, 7, 24, 101, 1.0, False), (2, 6, 16, 70, 0.7, True)],
             kernel_times=[(2, 8, 16, 128), (2, 4, 16, 128)], kernel_reps=1,
             model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2,
@@ -933,6 +946,38 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
             raise RuntimeError(f"rltt train logged {len(steps)} steps, expected 5")
 
 
+# -- DeepSpeed: the default GPU path ---------------------------------------------------------------------
+def section_deepspeed(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
+    """bench/gpu_check_deepspeed.py in its own process (this one keeps DeepSpeed unimportable),
+    given the section's time less its start-up; its figures, failures and skipped sub-steps are
+    this section's. Its output goes to this log. Without DeepSpeed installed the section is
+    ``absent`` with a note (the GPU image: carry bench/gpu_bundle.sh's wheels)."""
+    worker = Path(__file__).with_name("gpu_check_deepspeed.py")
+    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-ds-") as name:
+        cmd = [sys.executable, str(worker), "--out", name, "--budget", f"{max(deadline.left() - 20, 1):.0f}"]
+        cmd += ["--cpu-smoke"] if ctx.cpu_smoke else []
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=max(deadline.left() - 2, 1))
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "killed at the section's budget"
+        result_file = Path(name) / "deepspeed.json"
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
+    if result is None:
+        raise RuntimeError(f"bench/gpu_check_deepspeed.py exited with {code} before writing its figures")
+    if "absent" in result:
+        sec.absent = result["absent"]
+        print(f"[gpu_check] deepspeed: {sec.absent}", flush=True)
+        return
+    for f in result["figures"]:
+        sec.add(f["name"], f["value"], f["unit"], f["setting"])
+    sec.failures += result["failures"]
+    sec.skipped += result["skipped"]
+    if code:
+        sec.failures.append(f"bench/gpu_check_deepspeed.py exited with {code}")
+
+
 # -- vLLM ---------------------------------------------------------------------------------------------
 def section_vllm(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
     """bench/gpu_check_vllm.py in its own process (this one keeps vLLM unimportable); its figures
@@ -1006,7 +1051,7 @@ def write_outputs(report: dict, out: Path) -> None:
 
 # -- main ---------------------------------------------------------------------------------------------
 FUNCS = dict(imports=section_imports, kernels=section_kernels, rollouts=section_rollouts, learner=section_learner,
-             plan=section_plan, vllm=section_vllm, smoke=section_smoke)
+             plan=section_plan, deepspeed=section_deepspeed, vllm=section_vllm, smoke=section_smoke)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

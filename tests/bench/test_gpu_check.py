@@ -43,6 +43,24 @@ def _kernel_figures():
     return names
 
 
+def _deepspeed_figures():
+    names = [f"grad.{k}" for k in ("micro_batches", "accumulated_dtype", "tensors_compared", "max_rel_err",
+                                   "bf16_running_sum_max_rel_err", "within_one_bf16_rounding", "update_s",
+                                   "loss_finite", "tensors_without_gradient", "seconds")]
+    for card in ("card80", "card141"):  # on CPU: the same code, no emulation, allocated bytes only
+        names += [f"{card}.{k}" for k in ("card_gib", "rows_per_chunk", "plan_fits", "seconds", "rollout.tokens",
+                                          "sync.allocated_peak_gib", "sync.seconds")]
+        for phase in ("rollout", "learner_mb4", "learner_mb16_ckpt"):
+            names += [f"{card}.{phase}.{k}" for k in ("planned_gib", "planned_allocated_gib", "start_gib",
+                                                       "allocated_peak_gib", "planned_allocated/allocated_peak",
+                                                       "seconds")]
+        names += [f"{card}.learner_mb4.loss_finite", f"{card}.learner_mb16_ckpt.loss_finite"]
+    names += [f"train.{k}" for k in ("first_run_s", "first_run_steps", "checkpoints", "deepspeed_state_saved",
+                                     "deepspeed_config_written", "resume_s", "steps_after_resume",
+                                     "mismatch_mean_abs_step3", "loss_step3", "peak_memory_gb_step3", "seconds")]
+    return names
+
+
 EXPECTED = {
     "imports": ["modules_imported", "modules_failed", "heavy_modules_loaded"],
     "kernels": _kernel_figures(),
@@ -59,6 +77,7 @@ EXPECTED = {
              [f"{phase}.{f}" for phase in ("rollout", "learner")
               for f in ("planned_gib", "measured_gib", "start_gib", "planned/measured")]
              + ["activations_planned_gib", "rows_per_chunk", "loss_finite", "seconds"]],
+    "deepspeed": _deepspeed_figures(),
     "vllm": ["engine_start_s", "throughput.b2.tok_s", "throughput.b4.tok_s"]
     + [f"{tag}.{k}" for tag in ("parity", "load1", "load2")
        for k in ("identical_rows_frac", "tokens_and_exits_equal", "max_abs_logprob_diff")]
@@ -113,6 +132,14 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
             assert values[f"{tag}.max_abs_logprob_diff"] < 1e-4
         assert values["load1.outputs_changed"] is True and values["load2.outputs_changed"] is False
         assert values["throughput.b4.tok_s"] > 0
+    # DeepSpeed ZeRO-2 bf16: fp32 accumulation; rltt train with checkpoints and --resume
+    assert values["grad.within_one_bf16_rounding"] is True and values["grad.max_rel_err"] <= 2.0 ** -8
+    assert values["grad.accumulated_dtype"] == "float32"
+    assert values["train.first_run_steps"] == 2 and values["train.steps_after_resume"] == 3
+    assert values["train.deepspeed_state_saved"] is True and values["train.checkpoints"] >= 2
+    for card in ("card80", "card141"):
+        assert values[f"{card}.plan_fits"] is True and values[f"{card}.rows_per_chunk"] > 0
+        assert values[f"{card}.learner_mb4.loss_finite"] is True and values[f"{card}.learner_mb16_ckpt.loss_finite"]
     for mode in ("off", "on"):  # the plan against bench/scale.py's CPU meter, at the tiny shapes
         assert values[f"plan.ckpt_{mode}.loss_finite"] is True
         for phase in ("rollout", "learner"):
@@ -197,6 +224,23 @@ def test_reachable_as_rltt_bench_and_rejects_unknown_sections(capsys):
         gc.parse_args(["--out", "x", "--sections", "kernels,nope"])
     assert "unknown section 'nope'" in capsys.readouterr().err
     assert gc.parse_args(["--out", "x", "--sections", "kernels, smoke"]).sections == ["kernels", "smoke"]
+
+
+def test_deepspeed_section_is_absent_with_a_note_where_deepspeed_is_not_installed(monkeypatch):
+    """The worker run without site-packages (``python -S``: no DeepSpeed, as on the bare GPU image)
+    writes the note; the section records it as ``absent``, which is not a failure."""
+    gc = _load()
+    real_run = subprocess.run
+
+    def without_site_packages(cmd, **kw):
+        return real_run([cmd[0], "-S", *cmd[1:]], **kw)
+
+    monkeypatch.setattr(gc.subprocess, "run", without_site_packages)
+    ctx = SimpleNamespace(shapes=SimpleNamespace(budgets={"deepspeed": 60}), budget_scale=1.0, cpu_smoke=True,
+                          release=lambda: None)
+    result = gc.run_section("deepspeed", gc.section_deepspeed, ctx)
+    assert result.status == "absent" and "DeepSpeed is not installed" in result.absent and not result.figures
+    assert "gpu_bundle.sh" in result.absent
 
 
 def test_vllm_section_is_absent_with_a_note_where_vllm_is_not_installed(tmp_path, monkeypatch):
