@@ -45,11 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from rltt.curation.histogram import Band
     from rltt.curation.recipes import curate_recipe
     from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.runtime.device import require_cuda
 
     from rltt.curation.curation_loop import CurationPaths
 
     band = Band.parse(args.band)
     recipe = load_train_recipe(args.recipe, args.overrides)
+    require_cuda(recipe.model.device)  # a GPU recipe where CUDA is unusable: one line, before any work
     # the outputs never overwrite an input: the recipe file or the data source
     CurationPaths.for_output(args.out, args.kept, {"the recipe file": args.recipe,
                                                    "the data source": args.source or recipe.data.source})

@@ -121,11 +121,13 @@ def _run_recipe(args: argparse.Namespace, reps: int) -> int:
     from rltt.evaluation.results import ProblemCounts, result_object, summary_lines
     from rltt.orchestration.evaluator import evaluate_recipe
     from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.runtime.device import require_cuda
 
     # --json: stdout carries the one JSON object; what loading prints (library banners) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         policy = _exit_policy(args.exit_policy)
         recipe = load_train_recipe(args.recipe, args.overrides)
+        require_cuda(recipe.model.device)  # a GPU recipe where CUDA is unusable: one line, before any work
         report = evaluate_recipe(recipe, samples=args.samples, split=args.split, limit=args.limit,
                                  source=args.source, temperature=args.temperature, exit_policy=policy,
                                  recipe_root=Path(args.recipe).resolve().parent, model=args.model)

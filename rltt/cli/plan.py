@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _load(args):
     """The recipe and the device to plan for (``cuda`` | ``cpu``)."""
-    from rltt.errors import ConfigError, RlttError
+    from rltt.errors import RlttError
     from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.planning.memory_plan import recipe_device
 
@@ -49,17 +49,9 @@ def _load(args):
         raise RlttError(f"--gpu-memory must be a positive number of GiB, got {args.gpu_memory}")
     if args.cpu and args.gpu_memory is not None:
         raise RlttError("--cpu and --gpu-memory exclude each other")
-    try:
-        recipe = load_train_recipe(args.recipe, args.overrides)
-        device = recipe_device(recipe)
-    except ConfigError as exc:
-        # model.device=cuda on a machine without a GPU: still plannable for a GPU of --gpu-memory GiB
-        if "'model.device'" not in str(exc) or "no CUDA" not in str(exc):
-            raise
-        if args.gpu_memory is None and not args.cpu:
-            raise RlttError(f"{exc}; pass --gpu-memory GiB to plan for a GPU") from None
-        recipe = load_train_recipe(args.recipe, [*args.overrides, "model.device=auto"])
-        device = "cuda"
+    # model.device=cuda needs no usable CUDA here: the plan is for a GPU of --gpu-memory GiB
+    recipe = load_train_recipe(args.recipe, args.overrides)
+    device = recipe_device(recipe)
     if args.cpu:
         device = "cpu"
     elif args.gpu_memory is not None:
@@ -80,7 +72,8 @@ def _device_bytes(args, device: str, placement: str) -> tuple[int, str | None]:
     index = int(placement.partition(":")[2] or 0) if placement.startswith("cuda") else 0
     total = gpu_bytes(index)
     if total is None:
-        raise RlttError("no GPU here: pass --gpu-memory GiB to plan for a GPU, or --cpu")
+        raise RlttError(f"model.device={placement!r} but no usable GPU here: pass --gpu-memory GiB to plan for a "
+                        "GPU, or --cpu")
     return total, None
 
 

@@ -36,7 +36,7 @@ from rltt.lm_training.alarm import CollapseAlarm
 from rltt.lm_training.corpus import Sources, eval_problems, held_out_batches, open_sources, train_packer
 from rltt.lm_training.held_out import held_out_metrics, solve_metrics, solve_rate
 from rltt.lm_training.losses import batch_loss
-from rltt.runtime.device import pick_device
+from rltt.runtime.device import pick_device, require_cuda
 from rltt.runtime.paths import check_run_dir
 from rltt.runtime.run_lock import RunLock
 from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
@@ -87,6 +87,7 @@ class StageRun:
     def __init__(self, recipe: StageRecipe, build: Builder, *, resume: bool = False, stage: str = "stage",
                  recipe_file: str | Path | None = None):
         self.recipe, self.stage = recipe, stage
+        require_cuda(recipe.model.device)  # CUDA unusable here: one line, before the run folder is touched
         self.run_dir = check_run_dir(recipe.logging.run_dir, "logging.run_dir", {
             "data.source": recipe.data.source, "tokenizer.path": recipe.tokenizer.path,
             "model.dense_path": getattr(recipe.model, "dense_path", None), "the recipe file": recipe_file})

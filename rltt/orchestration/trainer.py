@@ -56,6 +56,7 @@ from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.planning.memory_plan import plan_here
 from rltt.planning.preflight import eval_cost, eval_line, plan_lines
 from rltt.runtime.checkpoint import checkpoint_dir, clean_stale, require_run, rng_state, set_rng_state
+from rltt.runtime.device import require_cuda
 from rltt.runtime.guard import NonFiniteGuard
 from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
 from rltt.runtime.run_lock import RunLock
@@ -87,6 +88,7 @@ class Trainer:
     def __init__(self, recipe: TrainRecipe, resume: bool = False, recipe_root: Path | None = None,
                  orchestration: Orchestration | None = None, restarts: int = 0):
         self.recipe = r = recipe
+        require_cuda(r.model.device)  # a GPU recipe where CUDA is unusable: one line, before anything starts
         self.orchestration = orchestration or ORCHESTRATIONS[r.orchestration.backend]
         self.ranks = self.orchestration.ranks(r)
         self.run_dir = check_run_dir(r.logging.run_dir, "logging.run_dir", {  # never over an input

@@ -148,7 +148,7 @@ def test_rltt_math_recipe_evaluates_a_math500_file(tmp_path, capsys):
     source = write_jsonl(tmp_path / "math500.jsonl", MATH500)
     ckpt = chat_checkpoint(tmp_path / "policy")
     capsys.readouterr()  # what saving the checkpoint printed
-    overrides = [f"model.path={ckpt}", "model.dtype=fp32", f"data.source={source}",
+    overrides = [f"model.path={ckpt}", "model.dtype=fp32", "model.device=cpu", f"data.source={source}",
                  "rollout.max_new_tokens=4", "rollout.thinking.budget=4", "rollout.thinking.answer_budget=2",
                  "rollout.thinking.interruption=\n</think>\n", "learner.backend=torch", "learner.dtype=fp32"]
     assert main(["eval", str(recipe), *overrides, "--source", str(source), "--samples", "2", "--json",

@@ -18,7 +18,7 @@ def test_three_steps_with_chat_prompts_and_a_thinking_budget(tmp_path):
     ckpt = chat_checkpoint(tmp_path / "policy")
     run = tmp_path / "run"
     overrides = [
-        f"model.path={ckpt}", "model.dtype=fp32", "data.source=synthetic:easy", "data.eval_size=2",
+        f"model.path={ckpt}", "model.dtype=fp32", "model.device=cpu", "data.source=synthetic:easy", "data.eval_size=2",
         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
         "rollout.thinking.budget=4", "rollout.thinking.answer_budget=2",
         "rollout.thinking.interruption=\n</think>\n", "algorithm.dynamic_sampling=false",
