@@ -16,7 +16,9 @@ Truncated rows (a kept-set floor, top-k/top-p sampling): the log-prob is renorma
 kept set ``K = {i : z_i >= thr} ∪ {floor, y}`` (``thr`` the row's logit of its floor token), with
 one more running sum ``s_K = sum_{i in K} exp(z_i - m)`` (``lse_K = m + log s_K``) and
 ``dLP/dz = onehot(y) - p_K``, ``p_K = 1[i in K] exp(z - lse_K)``. The entropy stays the full
-distribution's.
+distribution's. With ``round_to`` (a 16-bit rollout, `rltt.kernels._common.KEPT_ROUNDING`) membership
+compares the logits rounded to that dtype (before the temperature), as the sampler saw them; the
+log-probs themselves use the fp32 logits.
 """
 
 from __future__ import annotations
@@ -40,26 +42,35 @@ def _target_logit(z: torch.Tensor, targets: torch.Tensor, start: int, end: int) 
     return torch.where(inside, picked, torch.zeros_like(picked))
 
 
+def _rounded(z: torch.Tensor, inv_temp: float, round_to: torch.dtype | None) -> torch.Tensor | None:
+    """The chunk's untempered logits ``z`` rounded to ``round_to``, then tempered: what kept-set
+    membership compares under a 16-bit rollout (None when ``round_to`` is None: the tempered fp32
+    logits themselves)."""
+    return None if round_to is None else z.to(round_to).float().mul_(inv_temp)
+
+
 def _kept(z: torch.Tensor, start: int, targets: torch.Tensor, floor: torch.Tensor, thr: torch.Tensor):
-    """(rows, chunk) bool: the chunk's columns in each row's kept set (z the chunk's tempered logits)."""
+    """(rows, chunk) bool: the chunk's columns in each row's kept set (z the chunk's tempered logits,
+    rounded as the thresholds ``thr`` are)."""
     cols = torch.arange(start, start + z.shape[1], device=z.device)[None, :]
     return (z >= thr[:, None]) | (cols == floor[:, None]) | (cols == targets[:, None])
 
 
 def chunked_forward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                     inv_temp: float, chunk_size: int, floor: torch.Tensor | None = None,
-                    thr: torch.Tensor | None = None):
+                    thr: torch.Tensor | None = None, round_to: torch.dtype | None = None):
     """Return (logprobs, lse, entropy, lse_kept), each (M,) fp32 (``lse_kept`` is ``lse`` without
     ``floor``). ``h`` must already be fp32; ``floor`` (M,) long, -1 = untruncated, with ``thr`` (M,)
-    the rows' floor thresholds."""
+    the rows' floor thresholds, rounded to ``round_to`` (module docstring)."""
     rows = h.shape[0]
     m = s = u = s_kept = None
     target_logit = h.new_zeros(rows)
     for start, end in _chunks(weight.shape[0], chunk_size):
         z = h @ weight[start:end].float().T
+        rounded = None if floor is None else _rounded(z, inv_temp, round_to)
         z.mul_(inv_temp)
         target_logit += _target_logit(z, targets, start, end)
-        kept = None if floor is None else _kept(z, start, targets, floor, thr)
+        kept = None if floor is None else _kept(z if rounded is None else rounded, start, targets, floor, thr)
         chunk_max = z.amax(dim=1)
         m_new = chunk_max if m is None else torch.maximum(m, chunk_max)
         z.sub_(m_new.unsqueeze(1))  # z - m_new
@@ -101,11 +112,12 @@ def _accumulate(g, w, h, targets, grad_lp, inv_temp, start, end, grad_h, grad_w)
 
 
 def chunked_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_temp,
-                     chunk_size, need_hidden: bool, need_weight: bool, floor=None, thr=None, lse_kept=None):
+                     chunk_size, need_hidden: bool, need_weight: bool, floor=None, thr=None, lse_kept=None,
+                     round_to=None):
     """Gradients (fp32 for hidden, weight.dtype for weight) by recomputing chunk logits."""
     if floor is not None:
         return _truncated_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_temp, chunk_size,
-                                   need_hidden, need_weight, floor, thr, lse_kept)
+                                   need_hidden, need_weight, floor, thr, lse_kept, round_to)
     grad_h = torch.zeros_like(h) if need_hidden else None
     grad_w = torch.empty_like(weight) if need_weight else None
     lse_col = lse.unsqueeze(1)
@@ -125,15 +137,16 @@ def chunked_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_te
 
 
 def _truncated_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_temp, chunk_size,
-                        need_hidden, need_weight, floor, thr, lse_kept):
+                        need_hidden, need_weight, floor, thr, lse_kept, round_to=None):
     """`chunked_backward` of truncated rows: dLP/dz = onehot(y) - p_K (module docstring)."""
     grad_h = torch.zeros_like(h) if need_hidden else None
     grad_w = torch.empty_like(weight) if need_weight else None
     for start, end in _chunks(weight.shape[0], chunk_size):
         w = weight[start:end].float()
         z = h @ w.T
+        rounded = _rounded(z, inv_temp, round_to)
         z.mul_(inv_temp)
-        kept = _kept(z, start, targets, floor, thr)
+        kept = _kept(z if rounded is None else rounded, start, targets, floor, thr)
         p_kept = torch.where(kept, torch.exp(z - lse_kept[:, None]), 0.0)
         logp = z.sub_(lse[:, None])
         p = torch.exp(logp)
@@ -147,15 +160,17 @@ class ChunkedLogProbs(torch.autograd.Function):
     truncated rows, their floors, thresholds and kept-set logsumexp)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp, chunk_size, floor=None, thr=None):
+    def forward(ctx, hidden, weight, targets, inv_temp, chunk_size, floor=None, thr=None, round_to=None):
         h = hidden.float()
-        logprobs, lse, entropy, lse_kept = chunked_forward(h, weight, targets, inv_temp, chunk_size, floor, thr)
+        logprobs, lse, entropy, lse_kept = chunked_forward(h, weight, targets, inv_temp, chunk_size, floor, thr,
+                                                           round_to)
         if floor is None:
             ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         else:
             ctx.save_for_backward(hidden, weight, targets, lse, entropy, floor, thr, lse_kept)
         ctx.inv_temp = inv_temp
         ctx.chunk_size = chunk_size
+        ctx.round_to = round_to
         return logprobs, entropy
 
     @staticmethod
@@ -165,17 +180,18 @@ class ChunkedLogProbs(torch.autograd.Function):
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
 
         def rows_backward(h, targets, lse, entropy, grad_lp, grad_ent, *truncation):
+            rounding = (ctx.round_to,) if truncation else ()
             return chunked_backward(h.float(), weight, targets, lse, entropy, grad_lp, grad_ent, ctx.inv_temp,
-                                    ctx.chunk_size, need_hidden, need_weight, *truncation)
+                                    ctx.chunk_size, need_hidden, need_weight, *truncation, *rounding)
 
         grad_h, grad_w = backward_live_rows(rows_backward, hidden, targets, lse, entropy, grad_lp.float(),
                                             grad_ent.float(), *truncation)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
-def chunked_logprobs(h, weight, targets, inv_temp: float, chunk_size: int, floor=None, thr=None):
+def chunked_logprobs(h, weight, targets, inv_temp: float, chunk_size: int, floor=None, thr=None, round_to=None):
     """Rows (M, d) -> (logprobs (M,), entropy (M,)) in fp32, differentiable; ``floor``/``thr`` (M,):
-    truncated rows (module docstring), None: none."""
-    return ChunkedLogProbs.apply(h, weight, targets, inv_temp, chunk_size, floor, thr)
+    truncated rows, their membership on logits rounded to ``round_to`` (module docstring), None: none."""
+    return ChunkedLogProbs.apply(h, weight, targets, inv_temp, chunk_size, floor, thr, round_to)

@@ -17,7 +17,7 @@ import os
 import torch
 
 from rltt.errors import RlttError
-from rltt.kernels._common import LoopLogProbs, default_chunk_size, floor_thresholds
+from rltt.kernels._common import KEPT_ROUNDING, LoopLogProbs, default_chunk_size, floor_thresholds
 
 ENV_VAR = "RLTT_LOGPROB_IMPL"
 IMPLS = ("auto", "triton", "chunked", "reference")
@@ -54,7 +54,7 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     return name
 
 
-def _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor=None):
+def _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor=None, kept_dtype=None):
     if hidden.dim() != 3:
         raise RlttError(f"hidden must be (T, N, d); got shape {tuple(hidden.shape)}")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
@@ -71,6 +71,9 @@ def _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor
         if kept_floor.shape != (n,) or kept_floor.dtype.is_floating_point or kept_floor.dtype == torch.bool:
             raise RlttError(f"kept_floor must be integer of shape ({n},); "
                             f"got {kept_floor.dtype} {tuple(kept_floor.shape)}")
+    if kept_dtype is not None and kept_dtype not in KEPT_ROUNDING:
+        raise RlttError(f"kept_dtype must be one of {', '.join(str(d) for d in KEPT_ROUNDING)} or None; "
+                        f"got {kept_dtype!r}")
     for name, tensor in (("weight", weight), ("targets", targets), ("mask", mask), ("kept_floor", kept_floor)):
         if tensor is not None and tensor.device != hidden.device:
             raise RlttError(f"{name} is on {tensor.device} but hidden is on {hidden.device}")
@@ -100,6 +103,7 @@ def per_loop_logprobs(
     chunk_size: int | None = None,
     impl: str | None = None,
     kept_floor: torch.Tensor | None = None,
+    kept_dtype: torch.dtype | None = None,
 ) -> LoopLogProbs:
     """Log-prob of each target under every loop's distribution, and each loop's entropy.
 
@@ -117,19 +121,25 @@ def per_loop_logprobs(
             plus ``kept_floor[j]`` and the target itself (z: the tempered logits); -1 keeps the
             whole vocabulary. The entropy stays the full distribution's. The set is a constant
             of the backward (piecewise constant in hidden and weight).
+        kept_dtype: the dtype of the logits the sampler took the kept set from (a rollout's LM-head
+            dtype, `RolloutBatch.dtype`): under bf16/fp16 membership compares the logits rounded
+            to it before the temperature — the ties that rounding makes at the boundary are
+            split as the sampler split them — while the log-probs use the fp32 logits; None or
+            torch.float32: the fp32 logits (`rltt.kernels._common.KEPT_ROUNDING`).
 
     Returns:
         LoopLogProbs(logprobs (T, N), entropy (T, N)), fp32, differentiable with respect to
         hidden and weight (gradients come back in their dtypes). Only one vocabulary chunk of
         logits exists at a time (except for ``reference``).
     """
-    _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor)
+    _validate(hidden, weight, targets, temperature, mask, chunk_size, kept_floor, kept_dtype)
     name = resolve_impl(impl, hidden.device)
     if kept_floor is not None and not bool((kept_floor >= 0).any()):
         kept_floor = None  # nothing truncated: the untruncated kernels, unchanged
     if name == "reference":
         from rltt.kernels.reference import reference_logprobs
-        return reference_logprobs(hidden, weight, targets, temperature=temperature, mask=mask, kept_floor=kept_floor)
+        return reference_logprobs(hidden, weight, targets, temperature=temperature, mask=mask, kept_floor=kept_floor,
+                                  kept_dtype=kept_dtype)
 
     steps, n, d = hidden.shape
     vocab = weight.shape[0]
@@ -151,8 +161,9 @@ def per_loop_logprobs(
         if bool((kept_floor >= vocab).any()):
             raise RlttError(f"kept_floor id {int(kept_floor.max())} is outside the vocabulary [0, {vocab})")
         kept_floor = kept_floor.clamp_min(-1)
-        thresholds = floor_thresholds(hidden, weight, kept_floor, 1.0 / temperature)
-        truncation = (kept_floor.repeat(steps), thresholds.reshape(-1))
+        round_to = KEPT_ROUNDING.get(kept_dtype)
+        thresholds = floor_thresholds(hidden, weight, kept_floor, 1.0 / temperature, round_to)
+        truncation = (kept_floor.repeat(steps), thresholds.reshape(-1), round_to)
     rows = hidden.reshape(steps * hidden.shape[1], d)
     row_targets = targets.repeat(steps)
     chunk = chunk_size or default_chunk_size(rows.shape[0], vocab)

@@ -22,7 +22,10 @@ kernels (and chunk by chunk in the backward's GEMMs): no fp32 copy of the weight
 Truncated rows (top-k/top-p, a kept-set floor per row): `_fwd_trunc_kernel` and
 `_grad_logits_trunc_kernel` also fold ``s_K``, the sum over the kept set
 ``{i : z_i >= thr} ∪ {floor, y}``, and write ``dLP/dz = onehot(y) - p_K`` (see
-:mod:`rltt.kernels.chunked`); calls without truncation run the kernels above, unchanged.
+:mod:`rltt.kernels.chunked`); calls without truncation run the kernels above, unchanged. Under a
+16-bit rollout (``ROUND``, `_ROUND_CODES`) membership compares each logit rounded to the rollout's
+dtype before the temperature, as the sampler saw it; bf16 is rounded to nearest even on the bits
+(the interpreter's bf16 cast truncates).
 
 The kernels are jitted on first use, honouring ``TRITON_INTERPRET`` at that moment, so tests
 can switch the interpreter on without re-importing this module.
@@ -134,9 +137,9 @@ def _grad_logits_kernel(H, W, Y, LSE, ENT, GLP, GENT, G,
 def _fwd_trunc_kernel(H, W, Y, F, THR, M_OUT, S_OUT, U_OUT, ZY_OUT, SK_OUT,
                       n_rows, vocab, dim, blocks_per_split, inv_temp,
                       BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """`_fwd_kernel` plus ``s_K``: the kept set of row r is ``z >= THR[r]``, its floor ``F[r]`` and
-    its target (``THR`` -inf: every column)."""
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr):
+    """`_fwd_kernel` plus ``s_K``: the kept set of row r is ``z >= THR[r]`` (z rounded as ``ROUND``
+    says), its floor ``F[r]`` and its target (``THR`` -inf: every column)."""
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -169,7 +172,13 @@ def _fwd_trunc_kernel(H, W, Y, F, THR, M_OUT, S_OUT, U_OUT, ZY_OUT, SK_OUT,
             acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
         z = acc * inv_temp
         zy += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-        kept = (z >= thr[:, None]) | (cols[None, :] == f[:, None]) | (cols[None, :] == y[:, None])
+        key = z
+        if ROUND == 1:  # bf16: to nearest even on the bits
+            bits = acc.to(tl.uint32, bitcast=True)
+            key = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True) * inv_temp
+        elif ROUND == 2:  # fp16
+            key = acc.to(tl.float16).to(tl.float32) * inv_temp
+        kept = (key >= thr[:, None]) | (cols[None, :] == f[:, None]) | (cols[None, :] == y[:, None])
         z = tl.where(col_ok[None, :], z, -1e30)
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         zc = z - m_new[:, None]
@@ -191,7 +200,7 @@ def _fwd_trunc_kernel(H, W, Y, F, THR, M_OUT, S_OUT, U_OUT, ZY_OUT, SK_OUT,
 def _grad_logits_trunc_kernel(H, W, Y, F, THR, LSE, LSEK, ENT, GLP, GENT, G,
                               n_rows, vocab, dim, col_start, chunk_width, g_stride, inv_temp,
                               BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                              PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr):
     """`_grad_logits_kernel` of truncated rows: ``g = (onehot(y) - p_K) gLP - p (log p + H) gH``."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -224,7 +233,13 @@ def _grad_logits_trunc_kernel(H, W, Y, F, THR, LSE, LSEK, ENT, GLP, GENT, G,
     f = tl.load(F + rows64, mask=row_ok, other=-1)
     ok = row_ok[:, None] & col_ok[None, :]
     z = acc * inv_temp
-    kept = ok & ((z >= thr[:, None]) | (cols[None, :] == f[:, None]) | (cols[None, :] == y[:, None]))
+    key = z
+    if ROUND == 1:  # bf16: to nearest even on the bits
+        bits = acc.to(tl.uint32, bitcast=True)
+        key = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True) * inv_temp
+    elif ROUND == 2:  # fp16
+        key = acc.to(tl.float16).to(tl.float32) * inv_temp
+    kept = ok & ((key >= thr[:, None]) | (cols[None, :] == f[:, None]) | (cols[None, :] == y[:, None]))
     logp = tl.where(ok, z - lse[:, None], 0.0)
     p = tl.where(ok, tl.exp(logp), 0.0)
     p_k = tl.where(kept, tl.exp(z - lse_k[:, None]), 0.0)
@@ -242,6 +257,10 @@ def _kernels(interpret: bool) -> SimpleNamespace:
     return SimpleNamespace(fwd=triton.jit(_fwd_kernel), grad_logits=triton.jit(_grad_logits_kernel),
                            fwd_trunc=triton.jit(_fwd_trunc_kernel),
                            grad_logits_trunc=triton.jit(_grad_logits_trunc_kernel))
+
+
+#: the ``ROUND`` code of the truncated kernels per kept-set rounding (`rltt.kernels._common.KEPT_ROUNDING`)
+_ROUND_CODES = {None: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _interpreting() -> bool:
@@ -276,13 +295,15 @@ def triton_forward(h, weight, targets, inv_temp: float, splits: int | None = Non
     return _forward(h, weight, targets, inv_temp, splits)[:3]
 
 
-def triton_truncated_forward(h, weight, targets, floor, thr, inv_temp: float, splits: int | None = None):
+def triton_truncated_forward(h, weight, targets, floor, thr, inv_temp: float, splits: int | None = None,
+                             round_to: torch.dtype | None = None):
     """Return (logprobs, lse, entropy, lse_kept), each (M,) fp32, of rows truncated to their kept
-    sets (``floor`` (M,) long, -1 = untruncated; ``thr`` (M,) fp32 their thresholds)."""
-    return _forward(h, weight, targets, inv_temp, splits, floor, thr)
+    sets (``floor`` (M,) long, -1 = untruncated; ``thr`` (M,) fp32 their thresholds; membership on
+    logits rounded to ``round_to``)."""
+    return _forward(h, weight, targets, inv_temp, splits, floor, thr, round_to)
 
 
-def _forward(h, weight, targets, inv_temp, splits, floor=None, thr=None):
+def _forward(h, weight, targets, inv_temp, splits, floor=None, thr=None, round_to=None):
     n_rows, dim = h.shape
     vocab = weight.shape[0]
     cfg = _config(h.device, h.dtype, weight.dtype)
@@ -298,7 +319,8 @@ def _forward(h, weight, targets, inv_temp, splits, floor=None, thr=None):
     if truncated:
         sk = stats[4]
         kernels.fwd_trunc[(row_blocks, splits)](
-            h, weight, targets, floor, thr, m, s, u, zy, sk, n_rows, vocab, dim, per_split, inv_temp, **cfg)
+            h, weight, targets, floor, thr, m, s, u, zy, sk, n_rows, vocab, dim, per_split, inv_temp, **cfg,
+            ROUND=_ROUND_CODES[round_to])
     else:
         kernels.fwd[(row_blocks, splits)](
             h, weight, targets, m, s, u, zy, n_rows, vocab, dim, per_split, inv_temp, **cfg)
@@ -317,9 +339,10 @@ def _forward(h, weight, targets, inv_temp, splits, floor=None, thr=None):
 
 
 def triton_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_temp: float,
-                    chunk_size: int, need_hidden: bool, need_weight: bool, floor=None, thr=None, lse_kept=None):
+                    chunk_size: int, need_hidden: bool, need_weight: bool, floor=None, thr=None, lse_kept=None,
+                    round_to=None):
     """Gradients for h (fp32) and weight (its dtype), one vocabulary chunk at a time; ``floor``,
-    ``thr``, ``lse_kept``: truncated rows (`triton_truncated_forward`)."""
+    ``thr``, ``lse_kept``, ``round_to``: truncated rows (`triton_truncated_forward`)."""
     n_rows, dim = h.shape
     vocab = weight.shape[0]
     cfg = _config(h.device, h.dtype, weight.dtype)
@@ -338,7 +361,7 @@ def triton_backward(h, weight, targets, lse, entropy, grad_lp, grad_ent, inv_tem
         else:
             kernels.grad_logits_trunc[grid](h, weight, targets, floor, thr, lse, lse_kept, entropy, grad_lp,
                                             grad_ent, g, n_rows, vocab, dim, start, width, g.stride(0), inv_temp,
-                                            **cfg)
+                                            **cfg, ROUND=_ROUND_CODES[round_to])
         w = weight[start:start + width]
         if need_hidden:
             grad_h += g @ (w if w.dtype == g.dtype else w.to(g.dtype))  # a 16-bit weight under fp32 states: the chunk
@@ -352,7 +375,7 @@ class TritonLogProbs(torch.autograd.Function):
     truncated rows, their floors, thresholds and kept-set logsumexp)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp, chunk_size, floor=None, thr=None):
+    def forward(ctx, hidden, weight, targets, inv_temp, chunk_size, floor=None, thr=None, round_to=None):
         h, w = _same_dtype(hidden.contiguous(), weight.contiguous())
         targets = targets.contiguous()
         if floor is not None:
@@ -363,12 +386,13 @@ class TritonLogProbs(torch.autograd.Function):
         elif floor is None:
             logprobs, lse, entropy = triton_forward(h, w, targets, inv_temp)
         else:
-            logprobs, lse, entropy, lse_kept = triton_truncated_forward(h, w, targets, floor, thr, inv_temp)
+            logprobs, lse, entropy, lse_kept = triton_truncated_forward(h, w, targets, floor, thr, inv_temp,
+                                                                        round_to=round_to)
         if floor is None:
             ctx.save_for_backward(h, w, targets, lse, entropy)
         else:
             ctx.save_for_backward(h, w, targets, lse, entropy, floor, thr, lse_kept)
-        ctx.inv_temp, ctx.chunk_size = inv_temp, chunk_size
+        ctx.inv_temp, ctx.chunk_size, ctx.round_to = inv_temp, chunk_size, round_to
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return logprobs, entropy
 
@@ -382,15 +406,16 @@ class TritonLogProbs(torch.autograd.Function):
             if h.shape[0] == 0:
                 return (torch.zeros_like(h) if need_hidden else None), (torch.zeros_like(w) if need_weight else None)
             truncation = tuple(t.contiguous() for t in truncation)
+            rounding = (ctx.round_to,) if truncation else ()
             return triton_backward(h, w, targets, lse, entropy, grad_lp.contiguous(), grad_ent.contiguous(),
-                                   ctx.inv_temp, ctx.chunk_size, need_hidden, need_weight, *truncation)
+                                   ctx.inv_temp, ctx.chunk_size, need_hidden, need_weight, *truncation, *rounding)
 
         grad_h, grad_w = backward_live_rows(rows_backward, h, targets, lse, entropy, grad_lp.float(),
                                             grad_ent.float(), *truncation)
         hidden_dtype, weight_dtype = ctx.dtypes
         grad_h = grad_h.to(hidden_dtype) if grad_h is not None else None
         grad_w = grad_w.to(weight_dtype) if grad_w is not None else None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def _same_dtype(h: torch.Tensor, w: torch.Tensor):
@@ -401,7 +426,7 @@ def _same_dtype(h: torch.Tensor, w: torch.Tensor):
     return h.float(), w.float()
 
 
-def triton_logprobs(h, weight, targets, inv_temp: float, chunk_size: int, floor=None, thr=None):
+def triton_logprobs(h, weight, targets, inv_temp: float, chunk_size: int, floor=None, thr=None, round_to=None):
     """Rows (M, d) -> (logprobs (M,), entropy (M,)) in fp32, differentiable; ``floor``/``thr`` (M,):
-    truncated rows (module docstring), None: none."""
-    return TritonLogProbs.apply(h, weight, targets, inv_temp, chunk_size, floor, thr)
+    truncated rows, their membership on logits rounded to ``round_to`` (module docstring), None: none."""
+    return TritonLogProbs.apply(h, weight, targets, inv_temp, chunk_size, floor, thr, round_to)

@@ -17,7 +17,8 @@ class LearnerBatch:
     distribution the token was drawn from: truncated by top-k/top-p where it was), ``kept_floor``
     the kept-set floor token of that truncation (-1: none; `RolloutBatch.kept_floor`) — the learner
     renormalises its log-probs over the tokens it scores at least as high as that token
-    (docs/design.md §3.6); ``sampler_exit_logprobs`` the sampler's ``log p_{t*}`` of the recorded
+    (docs/design.md §3.6), on its logits rounded to ``kept_dtype``, the dtype of the logits the
+    sampler took the set from (`RolloutBatch.dtype`; None: fp32); ``sampler_exit_logprobs`` the sampler's ``log p_{t*}`` of the recorded
     exit (`RolloutBatch.exit_logprobs`), the exit half of the joint log-prob of
     ``algorithm.exit_action`` (docs/design.md §5.12).
 
@@ -35,6 +36,7 @@ class LearnerBatch:
     ref_logprobs: torch.Tensor | None = None  # (B, S) reference model's log-prob (for KL)
     temperature: float = 1.0
     kept_floor: torch.Tensor | None = None  # (B, S) long; -1 = the whole vocabulary (None: all -1)
+    kept_dtype: torch.dtype | None = None  # the sampler's logits' dtype when it took the kept sets (None: fp32)
 
     @property
     def size(self) -> int:
@@ -75,7 +77,8 @@ class LearnerBatch:
         return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
                    advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
                    sampler_exit_logprobs=sampler_exit,
-                   temperature=rollout.params.temperature, kept_floor=floors)
+                   temperature=rollout.params.temperature, kept_floor=floors,
+                   kept_dtype=None if floors is None else rollout.dtype)
 
     @classmethod
     def cat(cls, batches: list["LearnerBatch"], pad_id: int = 0) -> "LearnerBatch":
@@ -95,6 +98,8 @@ class LearnerBatch:
                                          for v in values])
             elif f.name == "advantages" and values[0] is not None:
                 out[f.name] = torch.cat(values)
+            elif f.name == "kept_dtype":  # batches without truncation say none
+                out[f.name] = next((v for v in values if v is not None), None)
             else:
                 out[f.name] = values[0]
         return cls(**out)

@@ -49,6 +49,8 @@ def score_tokens(model: torch.nn.Module, batch: LearnerBatch, pack: bool = False
     extra = {} if head_dtype is None else {"head_dtype": head_dtype}
     if batch.kept_floor is not None:
         extra["kept_floor"] = batch.kept_floor
+        if batch.kept_dtype is not None:
+            extra["kept_dtype"] = batch.kept_dtype
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, score_mask=batch.target_mask,
                 temperature=batch.temperature, use_cache=False, pack=pack, **extra)
     mask = batch.target_mask.bool()

@@ -78,7 +78,8 @@ class LMHead(nn.Linear):
     that ZeRO-3 gathers its weight as for any module call."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, temperature: float = 1.0,
-                mask: torch.Tensor | None = None, kept_floor: torch.Tensor | None = None):
+                mask: torch.Tensor | None = None, kept_floor: torch.Tensor | None = None,
+                kept_dtype: torch.dtype | None = None):
         if targets is None:
             return super().forward(hidden)
         from rltt.kernels import per_loop_logprobs
@@ -86,7 +87,7 @@ class LMHead(nn.Linear):
         # a plain tuple, so that ZeRO-3's backward hooks see the output tensors and re-gather the weight;
         # fp32 states with a 16-bit weight (an fp32 readout) are upcast inside the kernels
         out = per_loop_logprobs(hidden, self.weight, targets, temperature=temperature, mask=mask,
-                                kept_floor=kept_floor)
+                                kept_floor=kept_floor, kept_dtype=kept_dtype)
         return out.logprobs, out.entropy
 
 
@@ -327,10 +328,12 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         pack: bool = False,
         kept_floor: torch.Tensor | None = None,
         head_dtype: torch.dtype | None = None,
+        kept_dtype: torch.dtype | None = None,
         **kwargs,
     ) -> LoopOutput:
         if score_mask is not None:
-            return self.score(input_ids, attention_mask, score_mask, temperature, pack, kept_floor, head_dtype)
+            return self.score(input_ids, attention_mask, score_mask, temperature, pack, kept_floor, head_dtype,
+                              kept_dtype)
         cfg = self.config
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache and self.model.checkpointing():
@@ -372,7 +375,7 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
 
     def score(self, input_ids, attention_mask, score_mask: torch.Tensor, temperature: float = 1.0,
               pack: bool = False, kept_floor: torch.Tensor | None = None,
-              head_dtype: torch.dtype | None = None) -> LoopOutput:
+              head_dtype: torch.dtype | None = None, kept_dtype: torch.dtype | None = None) -> LoopOutput:
         """Score mode (``forward(..., score_mask=M)``): per-loop log-probs ``log P^(t)(x_j)`` and
         entropies of the tokens at positions where ``M`` (B, S) is true, for all T loops, through
         `rltt.kernels` (no (T, N, V) logits), plus the exit distribution of the state that produced
@@ -385,7 +388,8 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
 
         ``kept_floor`` (B, S) integer: the kept-set floor token of each scored token (top-k/top-p
         sampling; -1 = the whole vocabulary): its log-probs are renormalised over the tokens each
-        loop scores at least as high as that token (`rltt.kernels.per_loop_logprobs`).
+        loop scores at least as high as that token (`rltt.kernels.per_loop_logprobs`), with the
+        logits rounded to ``kept_dtype`` (the rollout's LM-head dtype) for that comparison.
         ``head_dtype``: torch.float32 on a 16-bit model runs the final norm of the LM head's input
         and the head in fp32 (`LoopedModel.final_norm_fp32`; the gates, the carried state and the
         head weight stay as they are); None or the model's dtype: as computed."""
@@ -406,6 +410,7 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         else:
             step_hidden, gate_probs = self.model(input_ids, attention_mask, fp32_readout=fp32_readout)
             hidden, gates = step_hidden[:, :, :-1][:, predicts], gate_probs[:, :, :-1][:, predicts]
-        logprobs, entropy = self.lm_head(hidden, targets=targets, temperature=temperature, kept_floor=floors)
+        logprobs, entropy = self.lm_head(hidden, targets=targets, temperature=temperature, kept_floor=floors,
+                                         kept_dtype=kept_dtype)
         return LoopOutput(gate_probs=gate_probs, token_logprobs=logprobs, token_entropy=entropy,
                           token_exit_probs=exit_distribution(gates))
