@@ -768,7 +768,7 @@ def section_plan(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
     ``track_kl``: a reference copy; the engine shares the policy), then two steps of rollout →
     learner update (random advantages) → weight sync; the second step is measured (the first
     creates AdamW's moments, which the plan counts as resident). The plan excludes its runtime
-    component (CUDA context, allocator reserve: not allocated tensors). Without and with
+    component (CUDA context and library workspaces: not allocated tensors). Without and with
     ``learner.activation_checkpointing``."""
     from dataclasses import replace
 
