@@ -73,7 +73,8 @@ class TorchBackend(_Backend):
     name = "torch"
     in_place = True
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1,
+                 run_dir: Path | None = None):
         self.module = self.forward_model = model
         self.cfg = cfg
         params = [p for p in model.parameters() if p.requires_grad]
@@ -107,7 +108,18 @@ class TorchBackend(_Backend):
         self.updates = state["updates"]
 
 
+#: the file of a run directory holding the exact config rltt passed to ``deepspeed.initialize``
+DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
+
+
 def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: int) -> dict[str, Any]:
+    """The config rltt hands DeepSpeed. A bf16 model accumulates its micro-batch gradients in fp32
+    (``data_types.grad_accum_dtype``; DeepSpeed's default is the model's dtype): ZeRO-1 sums them
+    in an fp32 buffer (its BF16 optimizer) and all-reduces that sum once per update — in fp32
+    (``communication_data_type``), so the sum is not rounded to bf16; ZeRO-2/3 reduce each
+    micro-batch's bf16 gradient (across ranks, in bf16) into fp32 gradient partitions. DeepSpeed
+    0.19 has no fp32 accumulation for a bf16 model without ZeRO, so `LearnerConfig` refuses
+    ZeRO-0 with bf16."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": accumulation,
@@ -121,6 +133,16 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: in
     if cfg.dtype == "bf16":
         config["bf16"] = {"enabled": True}
     return config
+
+
+def write_deepspeed_config(run_dir: Path, config: dict[str, Any]) -> Path:
+    """``config`` as JSON into ``run_dir/deepspeed_config.json`` (the directory is made)."""
+    import json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / DEEPSPEED_CONFIG_FILE
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
 
 
 def _free_port() -> int:
@@ -159,7 +181,8 @@ class DeepSpeedBackend(_Backend):
     def partitions(cfg: LearnerConfig) -> bool:
         return cfg.zero_stage == 3
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1,
+                 run_dir: Path | None = None):
         try:
             import deepspeed
         except ImportError:
@@ -168,6 +191,8 @@ class DeepSpeedBackend(_Backend):
         self.cfg = cfg
         self.accumulation = accumulation
         ds_config = deepspeed_config(cfg, cfg.micro_batch_size, accumulation)
+        if run_dir is not None and torch.distributed.get_rank() == 0:  # before DeepSpeed reads (or fails on) it
+            pass
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                                                  config=ds_config)
@@ -258,5 +283,7 @@ class DeepSpeedBackend(_Backend):
 BACKENDS: dict[str, type[_Backend]] = {"torch": TorchBackend, "deepspeed": DeepSpeedBackend}
 
 
-def make_backend(model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1):
-    return BACKENDS[cfg.backend](model, cfg, accumulation)
+def make_backend(model: torch.nn.Module, cfg: LearnerConfig, accumulation: int = 1, run_dir: Path | None = None):
+    """The ``cfg.backend`` backend; with ``run_dir`` a DeepSpeed backend writes the config it passes
+    DeepSpeed to ``run_dir/deepspeed_config.json`` (rank 0)."""
+    return BACKENDS[cfg.backend](model, cfg, accumulation, run_dir=run_dir)

@@ -118,11 +118,12 @@ class Learner:
     DeepSpeed. ``rollout_dtype``: the dtype the engines run in (``rollout_state_dict`` casts to
     it; default: the model's dtype as given). The frozen reference (for ``kl_coef > 0`` or
     ``track_kl``) is a copy of ``model`` as given, made here: a resumed run builds its learner
-    from the same starting policy, then `load`s the checkpoint.
+    from the same starting policy, then `load`s the checkpoint. ``run_dir``: the run's directory,
+    where a DeepSpeed backend writes the config it passes DeepSpeed (``deepspeed_config.json``).
     """
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
-                 max_len: int, rollout_dtype: torch.dtype | None = None):
+                 max_len: int, rollout_dtype: torch.dtype | None = None, run_dir: str | Path | None = None):
         self.cfg, self.algo, self.max_len = cfg, algo, max_len
         self.batch_size = batch_size
         self.micro = min(cfg.micro_batch_size, batch_size)
@@ -141,7 +142,7 @@ class Learner:
         policy = PolicyModule(model, model.config.num_loops if learned else None)
         if cfg.dtype == "bf16" and backend.in_place:
             policy = policy.to(torch.bfloat16)
-        self.backend = make_backend(policy, cfg, self.accumulation)
+        self.backend = make_backend(policy, cfg, self.accumulation, None if run_dir is None else Path(run_dir))
         self.model = self.backend.module  # the PolicyModule
         self.learned_logits = getattr(self.model, LOOP_WEIGHTS, None)
         if self.ref_model is not None:

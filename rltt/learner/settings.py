@@ -148,6 +148,11 @@ class LearnerConfig:
         check_fields(self, "learner")
         if len(self.betas) != 2:
             raise recipe_error("learner.betas", f"need two numbers in [0, 1), got {self.betas}")
+        if self.backend == "deepspeed" and self.zero_stage == 0 and self.dtype != "fp32":
+            raise recipe_error("learner.zero_stage", f"0 with learner.dtype {self.dtype} would accumulate gradients "
+                                                     f"in {self.dtype} (DeepSpeed accumulates a 16-bit model's "
+                                                     f"gradients in fp32 only under ZeRO 1-3): use zero_stage 1, 2 "
+                                                     f"or 3, or learner.dtype fp32")
 
     @property
     def head_dtype(self):

@@ -9,6 +9,7 @@ in a Ray actor — and the loop then talks to them only through `RolloutEngine` 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -46,8 +47,9 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     return engine_for_section(recipe.rollout, copied, **sizing)
 
 
-def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1) -> Learner:
+def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, run_dir: Path | None = None) -> Learner:
     """The learner of ``recipe.learner`` / ``recipe.algorithm`` for ``model``; with ``world``
-    data-parallel ranks each trains on its 1/world of the step's batch."""
+    data-parallel ranks each trains on its 1/world of the step's batch. ``run_dir``: the run's
+    directory (a DeepSpeed learner writes ``deepspeed_config.json`` there)."""
     return Learner(model, recipe.learner, recipe.algorithm, batch_size=recipe.batch_size // world,
-                   max_len=recipe.rollout.max_new_tokens, rollout_dtype=engine_dtype(recipe))
+                   max_len=recipe.rollout.max_new_tokens, rollout_dtype=engine_dtype(recipe), run_dir=run_dir)

@@ -34,13 +34,15 @@ class EngineFromDir:
 
 @dataclass
 class LearnerFromDir:
-    """``make_learner(recipe, model, world)`` on the model directory (rank ``rank`` of ``world``;
-    the process group, when there is one, is already formed)."""
+    """``make_learner(recipe, model, world, run_dir)`` on the model directory (rank ``rank`` of
+    ``world``; the process group, when there is one, is already formed)."""
 
     recipe: object  # TrainRecipe
     model_path: str
+    run_dir: str | None = None  # the run's directory, as the learners' checkpoints name it
 
     def __call__(self, rank: int = 0, world: int = 1):
         from rltt.orchestration.components import make_learner
 
-        return make_learner(self.recipe, _policy(self.recipe, self.model_path), world)
+        run_dir = None if self.run_dir is None else Path(self.run_dir)
+        return make_learner(self.recipe, _policy(self.recipe, self.model_path), world, run_dir)

@@ -61,7 +61,7 @@ def build_ray_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, ranks:
     learner = engine = None
     try:
         cluster = ClusterLog(run_dir / CLUSTER_FILE, restarts)
-        learner = RayLearnerGroup(LearnerFromDir(r, str(model_path)), cfg, cluster)
+        learner = RayLearnerGroup(LearnerFromDir(r, str(model_path), str(run_dir)), cfg, cluster)
         engine = RayRolloutPool(EngineFromDir(r, str(model_path)), cfg, cluster)
     except BaseException:
         for part in (engine, learner):
