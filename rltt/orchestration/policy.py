@@ -4,7 +4,7 @@ with it. Evaluating the policy is `rltt.orchestration.evaluator`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,6 +57,22 @@ def stop_ids(tokenizer) -> list[int]:
     return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
 
 
+def with_chunk_rows(recipe, plan=None):
+    """``recipe`` with ``rollout.chunk_rows: auto`` resolved to the rows one rollout batch holds in
+    the memory plan (``plan``: `rltt.planning.memory_plan.plan_here` of the recipe, made here when
+    not given): `rltt train`, `rltt eval` and `rltt curate` sample in the same chunks. A set value
+    is kept; so is ``auto`` where not even one group fits the plan (the engine: one batch per call)."""
+    if recipe.rollout.chunk_rows != "auto":
+        return recipe
+    if plan is None:
+        from rltt.planning.memory_plan import plan_here
+
+        plan = plan_here(recipe)
+    if not plan.rollout_rows_per_chunk:
+        return recipe
+    return replace(recipe, rollout=replace(recipe.rollout, chunk_rows=plan.rollout_rows_per_chunk))
+
+
 def sampling_params(rollout, stop_token_ids: list[int], decode, thinking=None, **call) -> SamplingParams:
     """The sampling settings of a recipe's ``rollout`` section: temperature, top-p/top-k, length,
     stop ids and strings (``decode``: token ids -> text, used only with ``rollout.stop_strings``),
@@ -97,7 +113,8 @@ class RecipePolicy:
             path = resolve_model_path(model or recipe.model.path)
             net, tokenizer = load_policy(path, recipe.model.dtype, recipe.model.device, recipe.model.convert)
             net.eval()
-            engine = make_engine(recipe.rollout, net)
+            planned = with_chunk_rows(replace(recipe, model=replace(recipe.model, path=str(path))))
+            engine = make_engine(planned.rollout, net)
         except BaseException:
             runner.close()
             raise

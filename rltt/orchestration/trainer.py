@@ -34,7 +34,7 @@ loop, its checkpoints (`CheckpointSaver`) and its evaluation (`HeldOutEvaluator`
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ from rltt.errors import RlttError
 from rltt.learner import SKIP_REASON
 from rltt.orchestration.parts import LOCAL, Orchestration, PartDied, RunParts
 from rltt.orchestration.evaluator import HeldOutEvaluator
-from rltt.orchestration.policy import resolve_model_path, stop_ids
+from rltt.orchestration.policy import resolve_model_path, stop_ids, with_chunk_rows
 from rltt.orchestration.prompt_stream import PromptLimit, PromptStream, eval_tasks
 from rltt.orchestration.ray.driver import RAY
 from rltt.orchestration.saver import STATE_FILE, CheckpointSaver
@@ -116,8 +116,7 @@ class Trainer:
         self.plan = plan_here(r, self.orchestration.planned_ranks(r, self.ranks), self.ranks.local_rank)
         if not self.plan.fits:  # before anything loads: one line naming the keys to change
             raise RlttError(f"{self.plan.problem} (the whole plan: rltt plan RECIPE.yaml)")
-        if r.rollout.chunk_rows == "auto":  # the rows a rollout runs at once, as the plan chose them
-            r = self.recipe = replace(r, rollout=replace(r.rollout, chunk_rows=self.plan.rollout_rows_per_chunk))
+        r = self.recipe = with_chunk_rows(r, self.plan)  # the rows a rollout runs at once, as the plan chose them
         if self.ranks.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             clean_stale(self.run_dir / "checkpoints")  # .tmp-*/.staged-* of killed writes

@@ -5,8 +5,10 @@ import json
 import yaml
 
 from rltt.cli.main import main
+from rltt.orchestration.policy import RecipePolicy
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.trainer import Trainer
+from rltt.planning.memory_plan import plan_here
 from rltt.telemetry import read_metrics
 from rltt.telemetry import schema as m
 
@@ -19,7 +21,7 @@ def odd(completion, answer, **kw):
 """
 
 
-def test_rltt_eval_of_a_checkpoint_reproduces_the_logged_eval(tmp_path, capsys):
+def write_recipe(tmp_path):
     (tmp_path / "my_rewards.py").write_text(REWARD)
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump({
@@ -33,6 +35,22 @@ def test_rltt_eval_of_a_checkpoint_reproduces_the_logged_eval(tmp_path, capsys):
         "logging": {"run_dir": str(tmp_path / "run"), "progress": False, "review_at_end": False},
         "checkpoint": {"every": 1},
     }))
+    return recipe_path
+
+
+def test_eval_and_curate_sample_in_the_chunks_train_plans(tmp_path):
+    """``rollout.chunk_rows: auto`` is the memory plan's rows for `rltt eval` and `rltt curate` too."""
+    recipe = load_train_recipe(write_recipe(tmp_path))
+    rows = plan_here(recipe).rollout_rows_per_chunk
+    assert recipe.rollout.chunk_rows == "auto" and isinstance(rows, int) and rows >= 1
+    with RecipePolicy.load(recipe, tmp_path) as policy:
+        assert policy.engine.chunk_rows == rows
+    with RecipePolicy.load(load_train_recipe(write_recipe(tmp_path), ["rollout.chunk_rows=2"]), tmp_path) as policy:
+        assert policy.engine.chunk_rows == 2
+
+
+def test_rltt_eval_of_a_checkpoint_reproduces_the_logged_eval(tmp_path, capsys):
+    recipe_path = write_recipe(tmp_path)
     assert Trainer(load_train_recipe(recipe_path), recipe_root=tmp_path).run().steps == 1
     capsys.readouterr()
     logged = [r for r in read_metrics(tmp_path / "run") if m.EVAL_SOLVE_RATE in r]
