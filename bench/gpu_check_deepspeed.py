@@ -52,7 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-GIB = 1024 ** 3
+from rltt.telemetry.schema import GIB  # noqa: E402
 CARD_80GB = int(79.2 * GIB)  # what torch reports for an 80 GB card (H100/A100 80 GB: 79.2 GiB)
 
 GPU = dict(
@@ -62,7 +62,7 @@ GPU = dict(
     cards=[("card80", CARD_80GB, True), ("card141", None, False)],
     train=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=16, micro=16,
                dtype="bf16", threads=0),
-    estimates=dict(grad=20, card80=80, train=70, card141=80),
+    estimates=dict(grad=15, card80=60, train=60, card141=60),
 )
 CPU = dict(
     grad=dict(hidden=32, layers=1, heads=2, vocab=96, micro_batches=8, prompt=4, completion=6),
@@ -274,6 +274,8 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_bytes: int | None, emula
     rep.add(f"{tag}.card_gib", round(card_bytes / GIB, 3), "GiB", setting)
     rep.add(f"{tag}.rows_per_chunk", rows, "rows", setting)
     rep.add(f"{tag}.plan_fits", bool(plan_a.fits and plan_b.fits), "", setting)
+    if getattr(plan_a, "budget_bytes", None) is not None:  # the device less train.memory_headroom
+        rep.add(f"{tag}.plan_budget_gib", round(plan_a.budget_bytes / GIB, 3), "GiB (the phases' limit)", setting)
     if rows <= 0:
         raise RuntimeError(f"{tag}: the plan fits no rollout chunk ({plan_a.problem})")
     outside = 0
