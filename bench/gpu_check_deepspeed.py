@@ -11,9 +11,9 @@ when the time left cannot cover its estimate:
 
 - ``grad``: one bf16 DeepSpeed ZeRO-2 update summing many micro-batches (rltt's learner, its
   DeepSpeed backend as configured): the accumulated gradient DeepSpeed holds at the optimizer step
-  (``deepspeed.utils.safe_get_full_grad``, between the last backward and the step) against an fp32
-  reference, the float64 sum of the same micro-batch gradients (hooks on the parameters); also what
-  a bf16 running sum of them gives, for scale;
+  (``deepspeed.utils.safe_get_full_grad``, between the last backward and the step) against the
+  exact (float64) sum of the same micro-batch gradients, and what a bf16 running sum of them gives,
+  for scale (`rltt.learner.accumulation.AccumulationProbe`, the check of tests/learner);
 - ``card80``: the recipe on an 80 GB card — on CUDA emulated on the larger GPU with
   ``torch.cuda.set_per_process_memory_fraction`` (the allocator gets 79.2 GiB, the total an 80 GB
   card reports, less what the process holds outside the allocator: CUDA context, NCCL, cuBLAS):
@@ -142,9 +142,9 @@ def random_batch(vocab: int, rows: int, prompt: int, completion: int, num_loops:
 
 def grad_accumulation(ctx, rep: Report, p: dict) -> None:
     import torch
-    from deepspeed.utils import safe_get_full_grad
 
     from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
+    from rltt.learner.accumulation import AccumulationProbe
     from rltt.model import LoopConfig, LoopedForCausalLM
 
     torch.manual_seed(0)
@@ -157,65 +157,33 @@ def grad_accumulation(ctx, rep: Report, p: dict) -> None:
     k = p["micro_batches"]
     cfg = LearnerConfig(backend="deepspeed", zero_stage=2, dtype="bf16", lr=1e-6, micro_batch_size=1)
     learner = Learner(model, cfg, AlgorithmConfig(track_kl=False), batch_size=k, max_len=p["completion"])
-    params = {n: q for n, q in learner.backend.module.named_parameters() if q.requires_grad}
-    exact = {n: torch.zeros(q.shape, dtype=torch.float64, device=q.device) for n, q in params.items()}
-    bf16_sum = {n: torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device) for n, q in params.items()}
-    calls = {n: 0 for n in params}
-
-    def hook(name):
-        def record(grad):  # one micro-batch's gradient of this parameter, before DeepSpeed accumulates it
-            exact[name] += grad.double()
-            bf16_sum[name].copy_(bf16_sum[name] + grad.to(torch.bfloat16))
-            calls[name] += 1
-        return record
-
-    handles = [q.register_hook(hook(n)) for n, q in params.items()]
-    held, dtypes = {}, set()
-    step = learner.backend.step
-
-    def capture_then_step(losses=()):
-        for n, q in params.items():
-            g = safe_get_full_grad(q)
-            if g is not None:
-                dtypes.add(str(g.dtype).replace("torch.", ""))
-                held[n] = g.detach().double().clone()
-        return step(losses)
-
-    learner.backend.step = capture_then_step
     batch = random_batch(p["vocab"], k, p["prompt"], p["completion"], config.num_loops)
     seconds = time.perf_counter()
-    metrics = learner.update(batch)
+    with AccumulationProbe(learner.backend) as probe:  # hooks + the gradient held at the step
+        metrics = learner.update(batch)
     seconds = time.perf_counter() - seconds
-    for h in handles:
-        h.remove()
-    worst = bf16_worst = 0.0
-    within = True
-    for n, ref in exact.items():
-        if n not in held:
-            continue
-        scale = float(ref.abs().max().clamp_min(1e-30))
-        diff = (held[n] - ref).abs()
-        worst = max(worst, float(diff.max()) / scale)
-        bf16_worst = max(bf16_worst, float((bf16_sum[n].double() - ref).abs().max()) / scale)
-        within &= bool((diff <= 2.0 ** -8 * ref.abs() + 1e-6 * scale).all())  # one bf16 rounding of the sum
+    check = probe.result
     setting = (f"{ctx.device.type}: LoopLM d={p['hidden']}, L={p['layers']}, T=4, V={p['vocab']}, bf16; rltt's "
-               f"DeepSpeed backend, ZeRO-2, one update of {k} micro-batches of 1 row ({p['prompt']} + "
-               f"{p['completion']} tokens); the gradient DeepSpeed holds at the step (safe_get_full_grad) vs "
-               f"the float64 sum of the micro-batch gradients; error = max |got - ref| / max |ref| per tensor, "
-               f"the worst tensor; a bf16 running sum of the same gradients for scale")
-    rep.add("grad.micro_batches", k, "micro-batches", setting)
-    rep.add("grad.accumulated_dtype", ",".join(sorted(dtypes)) or None, "(safe_get_full_grad's dtype)", setting)
-    rep.add("grad.tensors_compared", len(held), f"of {len(params)}", setting)
-    rep.add("grad.max_rel_err", worst, "of max |grad|", setting)
-    rep.add("grad.bf16_running_sum_max_rel_err", bf16_worst, "of max |grad|", setting)
-    rep.add("grad.within_one_bf16_rounding", within and len(held) == len(params), "", setting)
+               f"DeepSpeed backend as configured, ZeRO-2, one learner update of {k} micro-batches of 1 row "
+               f"({p['prompt']} + {p['completion']} tokens); the gradient DeepSpeed holds at the step "
+               f"(safe_get_full_grad) against the exact (float64) sum of the micro-batch gradients, and a bf16 "
+               f"running sum of the same gradients for scale (rltt.learner.accumulation.AccumulationProbe); "
+               f"error: over all parameters as one vector; max_rel_err: the worst tensor's max |diff| / max |exact|")
+    if check is None:
+        raise RuntimeError("the update reached no optimizer step (nothing to compare)")
+    rep.add("grad.micro_batches", check.micro_steps, "micro-batches", setting)
+    rep.add("grad.tensors_compared", check.tensors, "tensors", setting)
+    rep.add("grad.micro_batch_grad_dtype", check.grad_dtype, "", setting)
+    rep.add("grad.accumulated_dtype", check.held_dtype, "(what DeepSpeed holds the sum in)", setting)
+    rep.add("grad.error", check.error, "‖held − exact‖ / ‖exact‖", setting)
+    rep.add("grad.max_rel_err", check.max_rel_error, "of max |grad|", setting)
+    rep.add("grad.bf16_running_sum_error", check.running_sum_error, "‖bf16 sum − exact‖ / ‖exact‖", setting)
+    rep.add("grad.bf16_running_sum_max_rel_err", check.running_sum_max_rel_error, "of max |grad|", setting)
+    rep.add("grad.within_one_bf16_rounding", check.ok, f"(error <= {check.bound:g})", setting)
     rep.add("grad.update_s", round(seconds, 3), "s", setting)
     rep.add("grad.loss_finite", bool(math.isfinite(metrics["loss/total"])), "", setting)
-    rep.add("grad.tensors_without_gradient", sum(1 for c in calls.values() if c == 0), "tensors",
-            setting + " (unused by this loss: 0 on both sides)")
-    if not held or max(calls.values()) != k or any(c not in (0, k) for c in calls.values()):
-        raise RuntimeError(f"captured {len(held)} gradients; hooks fired {sorted(set(calls.values()))} times, "
-                           f"expected 0 or {k}")
+    if check.micro_steps != k:
+        raise RuntimeError(f"the probe saw {check.micro_steps} micro-batches, expected {k}")
     close_learner(learner)
 
 

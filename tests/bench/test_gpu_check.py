@@ -44,9 +44,9 @@ def _kernel_figures():
 
 
 def _deepspeed_figures():
-    names = [f"grad.{k}" for k in ("micro_batches", "accumulated_dtype", "tensors_compared", "max_rel_err",
-                                   "bf16_running_sum_max_rel_err", "within_one_bf16_rounding", "update_s",
-                                   "loss_finite", "tensors_without_gradient", "seconds")]
+    names = [f"grad.{k}" for k in ("micro_batches", "tensors_compared", "micro_batch_grad_dtype", "accumulated_dtype",
+                                   "error", "max_rel_err", "bf16_running_sum_error", "bf16_running_sum_max_rel_err",
+                                   "within_one_bf16_rounding", "update_s", "loss_finite", "seconds")]
     for card in ("card80", "card141"):  # on CPU: the same code, no emulation, allocated bytes only
         names += [f"{card}.{k}" for k in ("card_gib", "rows_per_chunk", "plan_fits", "seconds", "rollout.tokens",
                                           "sync.allocated_peak_gib", "sync.seconds")]
@@ -133,7 +133,9 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
         assert values["load1.outputs_changed"] is True and values["load2.outputs_changed"] is False
         assert values["throughput.b4.tok_s"] > 0
     # DeepSpeed ZeRO-2 bf16: fp32 accumulation; rltt train with checkpoints and --resume
-    assert values["grad.within_one_bf16_rounding"] is True and values["grad.max_rel_err"] <= 2.0 ** -8
+    # (8 micro-batches: a bf16 running sum is off by less than one bf16 rounding in norm, but by far more than fp32)
+    assert values["grad.within_one_bf16_rounding"] is True and values["grad.micro_batches"] == 8
+    assert values["grad.error"] < 0.01 * values["grad.bf16_running_sum_error"], "accumulated in bf16"
     assert values["grad.accumulated_dtype"] == "float32"
     assert values["train.first_run_steps"] == 2 and values["train.steps_after_resume"] == 3
     assert values["train.deepspeed_state_saved"] is True and values["train.checkpoints"] >= 2
