@@ -132,6 +132,9 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: in
     }
     if cfg.dtype == "bf16":
         config["bf16"] = {"enabled": True}
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+        if cfg.zero_stage == 1:
+            config["communication_data_type"] = "fp32"
     return config
 
 
@@ -192,7 +195,7 @@ class DeepSpeedBackend(_Backend):
         self.accumulation = accumulation
         ds_config = deepspeed_config(cfg, cfg.micro_batch_size, accumulation)
         if run_dir is not None and torch.distributed.get_rank() == 0:  # before DeepSpeed reads (or fails on) it
-            pass
+            write_deepspeed_config(Path(run_dir), ds_config)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                                                  config=ds_config)

@@ -98,8 +98,9 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     else:
         gradients = b * P
     fp32_grads = 0
-    if ds:
-        fp32_grads = 4 * part if s.zero_stage >= 1 else 4 * P * (b == 2)
+    if ds:  # a 16-bit model accumulates in fp32 (rltt.learner.backends.deepspeed_config): ZeRO-1's BF16
+        # optimizer in a full-size fp32 buffer on every rank, ZeRO-2/3 in fp32 gradient partitions
+        fp32_grads = 4 * P if s.zero_stage == 1 and b == 2 else 4 * part if s.zero_stage >= 1 else 4 * P * (b == 2)
     moment_bytes = 4 if ds else b
     foreach = moment_bytes * local if s.device == "cuda" else 2 * moment_bytes * shape.largest_module_parameters
     positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)

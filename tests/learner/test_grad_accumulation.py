@@ -151,3 +151,29 @@ def test_bf16_deepspeed_train_writes_its_config(tmp_path):
     assert written == deepspeed_config(r.learner, 1, rows)
     assert written["data_types"] == {"grad_accum_dtype": "fp32"} and written["bf16"] == {"enabled": True}
     assert written["gradient_accumulation_steps"] == 4
+
+
+def test_plan_counts_zero1_full_fp32_gradient_buffer():
+    """Two ranks, bf16: ZeRO-1's BF16 optimizer holds a full fp32 gradient buffer on every rank (4 bytes
+    per parameter), ZeRO-2/3 a partition of it (4 / 2)."""
+    from dataclasses import replace
+
+    from rltt.model import LoopConfig
+    from rltt.planning.footprint import learner as learner_terms
+    from rltt.planning.run_settings import RunSettings
+    from rltt.planning.shapes import ModelShape
+
+    shape = ModelShape.of(LoopConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_loops=2))
+    s = RunSettings(device="cuda", gpus=2, model_dtype="bf16", learner_dtype="bf16", backend="deepspeed",
+                    zero_stage=1, micro_batch_size=8, checkpointing=False, needs_reference=False, kl_coef=0.0,
+                    engine="native", vllm_utilization=0.5, vllm_kv_gb=1.0, prompts_per_step=4, group_size=8,
+                    prompt_tokens=100, completion_tokens=50, top_p=1.0, top_k=0, chunk_rows="auto")
+    step = {stage: learner_terms(shape, replace(s, zero_stage=stage))["step_workspace"] for stage in (1, 2, 3)}
+    P = shape.parameters
+    assert step[1] - step[2] == 4 * P - 4 * -(-P // 2)
+    assert step[2] == step[3]
+    # an fp32 model keeps ZeRO-1's gradient partition (DeepSpeed's ZeRO optimizer, no BF16 optimizer)
+    fp32 = replace(s, model_dtype="fp32", learner_dtype="fp32")
+    assert learner_terms(shape, fp32)["step_workspace"] == learner_terms(shape, replace(fp32, zero_stage=2))[
+        "step_workspace"]
