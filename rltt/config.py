@@ -79,7 +79,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_MISSING = object()
 
 
 def recipe_error(key: str, message: str) -> ConfigError:

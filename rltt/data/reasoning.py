@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
-
 from rltt.data.boxed import boxed_contents, boxed_spans
 from rltt.data.gsm8k import extract_final_answer, normalize_number
 from rltt.errors import RlttError
@@ -166,8 +164,3 @@ def length_metrics(sums: dict[str, float]) -> dict[str, float]:
     rows = max(float(sums["rows"]), 1.0)
     return {m.LENGTH_FORCED_FRAC: float(sums["forced"]) / rows, m.LENGTH_THINK_MEAN: float(sums["think"]) / rows,
             m.LENGTH_ANSWER_MEAN: float(sums["answer"]) / rows, m.LENGTH_UNCLOSED_FRAC: float(sums["unclosed"]) / rows}
-
-
-def sampled_lengths(rollout) -> torch.Tensor:
-    """(R,) completion tokens each row sampled (forced tokens not counted)."""
-    return rollout.action_mask.sum(dim=1)

@@ -56,11 +56,6 @@ def max_k(n) -> int:
     return int(n.min())
 
 
-def ks_to_report(n_max: int) -> list[int]:
-    """Every k from 1 to ``n_max`` (the report's pass@1 … pass@k)."""
-    return list(range(1, n_max + 1))
-
-
 def problem_scores(n, c, ks) -> np.ndarray:
     """A (len(ks), P) array: pass@k of every problem for every k in ``ks``."""
     return np.stack([pass_at_k(n, c, k) for k in ks]) if len(ks) else np.zeros((0, np.asarray(n).size))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from rltt.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range, recipe_error
 
 Backend = Literal["local", "ray"]
 Sync = Literal["object_store"]  # a GPU broadcast path (NCCL / vLLM weight transfer) is the next one
-BACKENDS = get_args(Backend)
-SYNCS = get_args(Sync)
 
 
 @dataclass
