@@ -26,10 +26,11 @@ import time
 
 import torch
 
+from rltt.telemetry.schema import GIB
+
 STEPS, DIM = 4, 1024
 TOKENS = (1024, 4096)
 VOCABS = (32_768, 151_936)
-GIB = 1024 ** 3
 
 
 def _inputs(tokens: int, vocab: int, device: str, dtype=torch.float32):

@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-GIB = 1 << 30
+from rltt.telemetry.schema import GIB  # noqa: E402
 
 #: model sizes of (a): a LoopConfig's fields (T = 4, Ouro-style norms); parameters in the name
 SIZES = {

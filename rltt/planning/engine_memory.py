@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from rltt.planning.run_settings import RunSettings
     from rltt.planning.shapes import ModelShape
 
-GIB = 1 << 30  # the plan's unit (`rltt.planning.footprint` reads it from here)
+from rltt.telemetry.schema import GIB  # the plan's unit (`rltt.planning.footprint` reads it from here)
 #: the rollout terms of the plan (`rltt.planning.footprint.ROLLOUT`)
 ROLLOUT = ("rollout_kv", "rollout_state", "rollout_workspace", "vllm_woken")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rltt.errors import RlttError
 
-GIB = 1 << 30
+from rltt.telemetry.schema import GIB  # noqa: F401 - the CLI's unit, read from here
 
 
 def read_config_json(path: Path, key: str = "model.path") -> dict:

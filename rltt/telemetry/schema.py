@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+GIB = 1 << 30  # bytes in a GiB, the unit of every memory figure rltt reports and plans
+
 # --------------------------------------------------------------------------- fixed keys
 
 STEP = "step"

