@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from rltt.errors import RlttError
+from rltt.telemetry.metrics_file import METRICS_FILE, RESOLVED_RECIPE
 
-RESOLVED_RECIPE = "recipe.resolved.yaml"
 #: What a run writes at the top of its directory (files, then directories).
-RUN_FILES = ("metrics.jsonl", RESOLVED_RECIPE, "alarms.jsonl", "summary.json", "reward_errors.jsonl",
+RUN_FILES = (METRICS_FILE, RESOLVED_RECIPE, "alarms.jsonl", "summary.json", "reward_errors.jsonl",
              "metrics.jsonl.tmp")
 RUN_DIRS = ("checkpoints", "final", "tensorboard")
 

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from rltt.telemetry import schema
-from rltt.telemetry.metrics_file import METRICS_FILE
+from rltt.telemetry.metrics_file import METRICS_FILE, RESOLVED_RECIPE
 from rltt.telemetry.series import RunData
 
 # --------------------------------------------------------------------------- thresholds
@@ -111,8 +111,6 @@ SPIKE_AFTER_MIN_REWARD = 0.05
 SPIKE_AFTER_MIN_LM_REL = 0.02
 #: The resolved recipe keys holding the gradient clip (RL learner, LM stages); 0 = off.
 GRAD_CLIP_KEYS = (("learner", "grad_clip"), ("optim", "grad_clip"))
-#: The resolved recipe a run writes beside its metrics (rltt.runtime.paths.RESOLVED_RECIPE).
-RESOLVED_RECIPE = "recipe.resolved.yaml"
 
 #: Keys whose NaN/inf values are reported as critical.
 FINITE_KEYS = (schema.LOSS_TOTAL, schema.LOSS_POLICY, schema.LM_LOSS, schema.GRAD_NORM_TOTAL,

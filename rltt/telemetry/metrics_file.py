@@ -22,6 +22,8 @@ from rltt.errors import RlttError
 from rltt.telemetry import schema
 
 METRICS_FILE = "metrics.jsonl"
+#: The resolved recipe a run writes beside its metrics (the user's recipe file is never written).
+RESOLVED_RECIPE = "recipe.resolved.yaml"
 
 
 # --------------------------------------------------------------------------- reading
