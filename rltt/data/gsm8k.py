@@ -11,6 +11,7 @@ import json
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Iterator
 
 from rltt.data import math_sets
 from rltt.errors import RlttError
@@ -97,16 +98,12 @@ def _check_record(record: object, where: str) -> dict:
     return record
 
 
-def load_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
-    """GSM8K records from a JSONL file (one ``{"question", "answer"}`` object a line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise RlttError(f"GSM8K file not found: {path}")
-    records = []
+def read_jsonl(path: Path) -> Iterator[tuple[str, int, object]]:
+    """``(where, line number, value)`` of each non-blank line of a JSONL file, read as it is
+    consumed (``where``: ``path:line``); a line that is not UTF-8 or not JSON is a one-line
+    `RlttError` naming it."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            if limit is not None and len(records) >= limit:
-                break
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
@@ -115,12 +112,26 @@ def load_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RlttError(f"{where}: malformed JSON ({exc.msg})") from None
-            record = dict(_check_record(record, where))
-            record.setdefault("id", f"{path.stem}-{lineno}")
-            records.append(record)
+            yield where, lineno, value
+
+
+def load_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
+    """GSM8K records from a JSONL file (one ``{"question", "answer"}`` object a line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RlttError(f"GSM8K file not found: {path}")
+    records: list[dict] = []
+    if limit is not None and limit <= 0:
+        return records
+    for where, lineno, value in read_jsonl(path):  # lines past the limit are never read
+        record = dict(_check_record(value, where))
+        record.setdefault("id", f"{path.stem}-{lineno}")
+        records.append(record)
+        if limit is not None and len(records) >= limit:
+            break
     return records
 
 

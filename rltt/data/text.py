@@ -19,13 +19,12 @@ so ``load_state_dict`` on a new packer continues with the very next block.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
-from rltt.data.gsm8k import DEFAULT_TEMPLATE, format_prompt
+from rltt.data.gsm8k import DEFAULT_TEMPLATE, format_prompt, read_jsonl
 from rltt.data.synthetic import Difficulty, generate_problem, resolve_difficulty
 from rltt.errors import RlttError
 
@@ -101,22 +100,10 @@ def load_documents(path: str | Path, template: str = DEFAULT_TEMPLATE) -> ListSo
         for row, record in enumerate(rows):
             texts.append(record_text(record, template, f"{path}: row {row}"))
     else:
-        with path.open("rb") as f:
-            for lineno, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise RlttError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                                    f"{exc.start + 1})") from None
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RlttError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
-                if not isinstance(record, dict):
-                    raise RlttError(f"{path}:{lineno}: expected a JSON object")
-                texts.append(record_text(record, template, f"{path}:{lineno}"))
+        for where, _, record in read_jsonl(path):
+            if not isinstance(record, dict):
+                raise RlttError(f"{where}: expected a JSON object")
+            texts.append(record_text(record, template, where))
     if not texts:
         raise RlttError(f"text data file has no documents: {path}")
     return ListSource(texts)
