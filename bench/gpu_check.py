@@ -953,8 +953,17 @@ def section_deepspeed(ctx: Context, sec: SectionResult, deadline: Deadline) -> N
     this section's. Its output goes to this log. Without DeepSpeed installed the section is
     ``absent`` with a note (the GPU image: carry bench/gpu_bundle.sh's wheels)."""
     worker = Path(__file__).with_name("gpu_check_deepspeed.py")
+    held = 0
+    if ctx.cuda:  # this process's share of the GPU (the worker's 80 GB card leaves it out)
+        import torch
+
+        ctx._model = None  # the Ouro-shaped model of the sections before (rebuilt by a later one)
+        ctx.release()
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        held = total - free
     with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-ds-") as name:
-        cmd = [sys.executable, str(worker), "--out", name, "--budget", f"{max(deadline.left() - 20, 1):.0f}"]
+        cmd = [sys.executable, str(worker), "--out", name, "--budget", f"{max(deadline.left() - 20, 1):.0f}",
+               "--held-elsewhere", str(held)]
         cmd += ["--cpu-smoke"] if ctx.cpu_smoke else []
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         try:

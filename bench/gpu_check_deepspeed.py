@@ -52,8 +52,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-from rltt.telemetry.schema import GIB  # noqa: E402
-CARD_80GB = int(79.2 * GIB)  # what torch reports for an 80 GB card (H100/A100 80 GB: 79.2 GiB)
+# the cards in GiB (this worker imports rltt only once it knows DeepSpeed is there: it must start,
+# and say "absent", where rltt's dependencies are not importable)
+CARD_80GB = 79.2  # what torch reports for an 80 GB card (H100/A100 80 GB)
 
 GPU = dict(
     grad=dict(hidden=256, layers=2, heads=4, vocab=512, micro_batches=64, prompt=32, completion=96),
@@ -69,7 +70,7 @@ CPU = dict(
     overrides=["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=4",
                "data.max_prompt_tokens=8", "data.eval_size=2"],
     micro=(4, 16), update_rows=8,
-    cards=[("card80", CARD_80GB, False), ("card141", 141 * 10 ** 9, False)],
+    cards=[("card80", CARD_80GB, False), ("card141", 131.3, False)],  # 141 GB: 131.3 GiB
     train=dict(hidden=16, layers=1, heads=2, prompts=1, group=2, new_tokens=4, eval_size=2, micro=2,
                dtype="bf16", threads=1),
     estimates=dict(grad=30, card80=40, train=60, card141=40),
@@ -203,7 +204,7 @@ def phase(ctx, fn):
     return out, start, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
-def card(ctx, rep: Report, shapes: dict, tag: str, card_bytes: int | None, emulate: bool) -> None:
+def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emulate: bool) -> None:
     import torch
 
     from rltt.data import GSM8K_SAMPLE_DIR
@@ -212,9 +213,11 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_bytes: int | None, emula
     from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.planning import plan_run
     from rltt.rollout import SamplingParams
+    from rltt.telemetry.schema import GIB
 
     gcm = _gc_module()
     model_config = ctx.shapes.model
+    card_bytes = None if card_gib is None else int(card_gib * GIB)
     if card_bytes is None:
         card_bytes = torch.cuda.get_device_properties(0).total_memory if ctx.cuda else 64 * GIB
     tmp = Path(tempfile.mkdtemp(prefix="rltt-gpu-check-ds-"))
@@ -250,9 +253,12 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_bytes: int | None, emula
     if ctx.cuda:
         release(ctx)
         free, total = torch.cuda.mem_get_info()
-        outside = total - free - torch.cuda.memory_reserved()
+        elsewhere = getattr(ctx, "held_elsewhere", 0)
+        outside = max(total - free - torch.cuda.memory_reserved() - elsewhere, 0)
         rep.add(f"{tag}.outside_allocator_gib", round(outside / GIB, 3),
-                "GiB (CUDA context, NCCL, cuBLAS: held outside the allocator)", setting)
+                "GiB (this process's CUDA context, NCCL, cuBLAS: held outside the allocator)", setting)
+        rep.add(f"{tag}.other_process_gib", round(elsewhere / GIB, 3),
+                "GiB (bench/gpu_check.py itself: not part of the card)", setting)
         rep.add(f"{tag}.plan_runtime_gib", round(plan_a.components["runtime"] / GIB, 3), "GiB", setting)
         if emulate:
             fraction = (card_bytes - outside) / total
@@ -393,8 +399,8 @@ def train_and_resume(ctx, rep: Report, p: dict) -> None:
 def run(ctx, rep: Report, shapes: dict, budget: float) -> None:
     end = time.monotonic() + budget
     plan = [("grad", lambda: grad_accumulation(ctx, rep, shapes["grad"]))]
-    for tag, card_bytes, emulate in shapes["cards"]:
-        plan.append((tag, lambda tag=tag, b=card_bytes, e=emulate: card(ctx, rep, shapes, tag, b, e)))
+    for tag, card_gib, emulate in shapes["cards"]:
+        plan.append((tag, lambda tag=tag, g=card_gib, e=emulate: card(ctx, rep, shapes, tag, g, e)))
     plan.insert(2, ("train", lambda: train_and_resume(ctx, rep, shapes["train"])))
     for name, fn in plan:
         estimate = shapes["estimates"][name]
@@ -415,6 +421,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for all sub-steps")
+    parser.add_argument("--held-elsewhere", type=int, default=0,
+                        help="GPU bytes the calling process holds (left out of this process's 80 GB card)")
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -434,6 +442,7 @@ def main(argv=None) -> int:
     if args.cpu_smoke:
         torch.set_num_threads(1)
     ctx = _gc_module().Context(args.cpu_smoke, 1.0)
+    ctx.held_elsewhere = args.held_elsewhere
     run(ctx, rep, CPU if args.cpu_smoke else GPU, args.budget)
     return 0
 

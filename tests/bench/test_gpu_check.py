@@ -239,7 +239,7 @@ def test_deepspeed_section_is_absent_with_a_note_where_deepspeed_is_not_installe
 
     monkeypatch.setattr(gc.subprocess, "run", without_site_packages)
     ctx = SimpleNamespace(shapes=SimpleNamespace(budgets={"deepspeed": 60}), budget_scale=1.0, cpu_smoke=True,
-                          release=lambda: None)
+                          cuda=False, release=lambda: None)
     result = gc.run_section("deepspeed", gc.section_deepspeed, ctx)
     assert result.status == "absent" and "DeepSpeed is not installed" in result.absent and not result.figures
     assert "gpu_bundle.sh" in result.absent
