@@ -8,26 +8,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bench._rltt_runs import median, read_records  # noqa: F401 - read_records: the findings' reader
+
 from .runner import T, rel
-
-
-def read_records(run_dir: Path) -> list[dict]:
-    from rltt.telemetry import read_metrics
-
-    return read_metrics(run_dir)
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     pts = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and math.isfinite(r[key])]
     return [s for s, _ in pts], [v for _, v in pts]
-
-
-def median(values: list[float]) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def mean(values: list[float]) -> float:

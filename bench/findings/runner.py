@@ -4,8 +4,6 @@ once its dependencies are done, ``--jobs`` at a time) and the ``rltt train`` com
 
 from __future__ import annotations
 
-import os
-import shlex
 import subprocess
 import sys
 import threading
@@ -13,6 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+import bench._rltt_runs as runs
+from bench._rltt_runs import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,7 @@ class Arm:
 
     @property
     def command(self) -> str:
-        return "rltt " + " ".join(shlex.quote(a) for a in self.argv) if self.argv else f"# {self.describe}"
+        return runs.command(self.argv) if self.argv else f"# {self.describe}"
 
 
 def rel(path: Path) -> str:
@@ -89,12 +90,12 @@ def rel(path: Path) -> str:
 
 def train_argv(scale: Scale, run_dir: Path, seed: int, steps: int, extra: list[str],
                keep_final: bool = False) -> list[str]:
-    """``rltt train`` of the quickstart recipe: held-out evaluations at the start and the end, no
-    checkpoint unless ``keep_final`` (the final one, for a later ``rltt eval``)."""
-    return ["train", RL_RECIPE, *extra, f"seed={seed}", f"train.steps={steps}", f"train.eval_every={steps}",
-            f"data.eval_size={scale.eval_size}", f"train.eval_samples={scale.eval_samples}", "train.threads=1",
-            f"logging.run_dir={rel(run_dir)}", "logging.progress=false", "logging.review_at_end=false",
-            "checkpoint.every=0", f"checkpoint.save_final={str(keep_final).lower()}"]
+    """``rltt train`` of the quickstart recipe (`bench/_rltt_runs.train_argv`) at this scale's
+    evaluation size: held-out evaluations at the start and the end, no checkpoint unless
+    ``keep_final`` (the final one, for a later ``rltt eval``)."""
+    return runs.train_argv(RL_RECIPE, [*extra, f"seed={seed}", f"data.eval_size={scale.eval_size}",
+                                       f"train.eval_samples={scale.eval_samples}"], steps, rel(run_dir),
+                           keep_final=keep_final)
 
 
 def train_arm(out: Path, scale: Scale, name: str, seed: int, steps: int, extra: list[str], cost: float,
@@ -122,14 +123,6 @@ def final_checkpoint(run_dir: Path, steps: int) -> Path:
 def done_arms(arms: dict[str, Arm], prefix: str) -> list[Arm]:
     """The arms named ``prefix...`` that ran to the end."""
     return [a for a in arms.values() if a.name.startswith(prefix) and a.status == "done"]
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    # one thread per arm: OpenMP threads stall when other processes share the cores
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    return env
 
 
 def run_arms(arms: dict[str, Arm], logs: Path, jobs: int) -> None:
