@@ -58,6 +58,12 @@ sys.path.insert(0, str(ROOT / "bench"))  # _rltt_runs, when loaded from a file p
 from _rltt_runs import SMOKE_OVERRIDES, call_rltt, command, failure, mean_se, median, read_records, \
     train_argv  # noqa: E402
 
+from rltt.learner.settings import AlgorithmConfig  # noqa: E402
+from rltt.objectives.advantages import COMPUTE_PRICES  # noqa: E402
+
+#: where the price enters when --compute-price is not given: the recipe default
+DEFAULT_PRICE = AlgorithmConfig.compute_price
+
 RECIPE = "recipes/quickstart.yaml"
 EXIT_POLICY = "sample"
 LAMBDAS = (0.0, 0.1, 0.3, 1.0)
@@ -110,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speed-repeats", type=int, default=3,
                    help="rollouts per price in the same-process speed check (fastest counts; 0: skip it)")
     p.add_argument("--speed-prompts", type=int, default=32, help="held-out prompts per speed-check rollout")
-    p.add_argument("--compute-price", choices=("reward", "advantage"), default="reward",
+    p.add_argument("--compute-price", choices=tuple(COMPUTE_PRICES), default=DEFAULT_PRICE,
                    help="algorithm.compute_price of the priced runs (λ = 0 runs are the same run either way)")
     p.add_argument("--no-exit-action", dest="exit_action", action="store_false",
                    help="leave algorithm.exit_action off (the gate then gets no gradient from the exit log-prob)")
@@ -139,7 +145,7 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
             run_dir = args.out / f"lam{lam:g}-s{seed}"
             recipe = [f"rollout.exit_policy={EXIT_POLICY}", f"algorithm.exit_action={str(args.exit_action).lower()}",
                       f"algorithm.compute_cost={lam:g}", f"seed={seed}"]
-            if args.compute_price != "reward" and lam > 0:
+            if args.compute_price != DEFAULT_PRICE and lam > 0:
                 recipe.insert(3, f"algorithm.compute_price={args.compute_price}")
             if args.model:
                 recipe.append(f"model.path={args.model}")
@@ -333,10 +339,9 @@ def rollout_speed(runs: list[Run], steps: int, prompts: int, repeats: int) -> di
 
     from rltt.data.prompts import recipe_prompt_renderer
     from rltt.orchestration.engines import make_engine
-    from rltt.orchestration.policy import load_policy, stop_ids
+    from rltt.orchestration.policy import load_policy, sampling_params, stop_ids
     from rltt.orchestration.prompt_stream import eval_tasks
     from rltt.orchestration.train_recipe import load_train_recipe
-    from rltt.rollout import SamplingParams
 
     torch.set_num_threads(1)
     first = {}
@@ -355,10 +360,8 @@ def rollout_speed(runs: list[Run], steps: int, prompts: int, repeats: int) -> di
     encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
     tasks = eval_tasks(d.eval_source, d.source, encode, recipe_prompt_renderer(d, tokenizer), d.eval_split, prompts,
                        d.seed)
-    ro = recipe.rollout
-    params = SamplingParams(n=ro.group_size, seed=recipe.seed, temperature=ro.temperature, top_p=ro.top_p,
-                            top_k=ro.top_k, max_new_tokens=ro.max_new_tokens, stop_token_ids=stop_ids(tokenizer),
-                            exit_policy=ro.exit_policy, schedule=ro.schedule)
+    params = sampling_params(recipe.rollout, stop_ids(tokenizer), tokenizer.decode, n=recipe.rollout.group_size,
+                             seed=recipe.seed)
     best: dict[float, dict] = {}
     for _ in range(repeats):
         for lam, engine in engines.items():
@@ -367,7 +370,7 @@ def rollout_speed(runs: list[Run], steps: int, prompts: int, repeats: int) -> di
             cpu = time.process_time() - start
             stats = batch.stats
             row_passes = float(stats.row_passes.sum()) if stats.row_passes is not None else float("nan")
-            row = {"group": ro.group_size, "tokens": stats.tokens, "cpu_s": cpu, "tok_per_cpu_s": stats.tokens / cpu,
+            row = {"group": params.n, "tokens": stats.tokens, "cpu_s": cpu, "tok_per_cpu_s": stats.tokens / cpu,
                    "passes": stats.passes, "passes_per_token": row_passes / max(1, stats.tokens),
                    "mean_exit": float(batch.exit_steps[batch.action_mask].float().mean())}
             if lam not in best or row["tok_per_cpu_s"] > best[lam]["tok_per_cpu_s"]:
