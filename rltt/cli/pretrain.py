@@ -12,8 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "pretrain", help="pretrain a looped LM from scratch (e.g. recipes/pretrain-tiny.yaml)",
         description="Train a tokenizer and a LoopLM from scratch with L = sum_t p_t L_t - beta H(p); "
-                    "metrics to OUTPUT_DIR/metrics.jsonl, checkpoints to OUTPUT_DIR/checkpoints, "
-                    "the final model to OUTPUT_DIR/final.")
+                    "metrics to RUN_DIR/metrics.jsonl, checkpoints to RUN_DIR/checkpoints, the final model to "
+                    "RUN_DIR/final, where RUN_DIR is the recipe's logging.run_dir.")
     add_stage_arguments(parser)
     parser.set_defaults(func=run)
 
