@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from rltt.errors import RlttError
 from rltt.model.configuration import LoopConfig
+from rltt.model.model_source import CONFIG_FILE, read_config
 from rltt.model.modeling import LoopedForCausalLM
 
 RENAMES = {"model.early_exit_gate.": "model.exit_gate."}
@@ -70,12 +71,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def load_ouro(path: str | Path, dtype: torch.dtype | None = None, **overrides) -> LoopedForCausalLM:
     """Load an Ouro checkpoint directory into a `LoopedForCausalLM` by weight-name mapping."""
     path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise RlttError(f"load_ouro: no config.json in {path}")
-    ouro = json.loads(config_file.read_text())
+    ouro = read_config(path, "load_ouro")
     if ouro.get("model_type") != "ouro":
-        raise RlttError(f"load_ouro: {config_file} has model_type {ouro.get('model_type')!r}, expected 'ouro'")
+        raise RlttError(f"load_ouro: {path / CONFIG_FILE} has model_type {ouro.get('model_type')!r}, expected 'ouro'")
     config = ouro_to_loop_config(ouro, **overrides)
     state = {}
     for key, value in _read_state_dict(path).items():

@@ -3,7 +3,6 @@ every value checked before any model loads (see `rltt.config` and `rltt.sections
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -11,12 +10,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
+from rltt.model.model_source import ModelSource
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.ray.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
-                           TrainSection, check_exit_policy, is_file, path_exists)
+                           TrainSection, check_exit_policy, path_exists)
 
 
 @dataclass
@@ -33,15 +33,9 @@ class ModelSection(ModelPlacement):
             raise recipe_error("model.path", f"no such checkpoint directory: {self.path!r}")
 
     def known_num_loops(self) -> int | None:
-        """T of an rltt checkpoint directory, read from its config.json (None when not known yet)."""
-        config = Path(self.path).expanduser() / "config.json"
-        if self.path == "quickstart" or not is_file(str(config)):
-            return None
-        try:
-            value = json.loads(config.read_text(encoding="utf-8")).get("num_loops")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+        """T of a local checkpoint directory, from its config.json (None when not known yet)."""
+        source = ModelSource.local(self.path)
+        return source.num_loops if source is not None else None
 
 
 @dataclass

@@ -46,6 +46,7 @@ from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import REWARD_ERRORS_FILE, RewardRunner
 from rltt.errors import RlttError
 from rltt.learner import SKIP_REASON
+from rltt.model.model_source import ModelSource
 from rltt.orchestration.parts import LOCAL, Orchestration, PartDied, RunParts
 from rltt.orchestration.evaluator import HeldOutEvaluator
 from rltt.orchestration.policy import resolve_model_path, stop_ids, with_chunk_rows
@@ -159,12 +160,9 @@ class Trainer:
     def _check_prompt_lengths(self) -> None:
         """Every prompt plus ``rollout.max_new_tokens`` must fit the model's positions: a one-line
         error naming the source and the record before any step runs."""
-        import json
-
-        config = Path(self.model_path) / "config.json"
-        try:
-            positions = int(json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"])
-        except (OSError, ValueError, KeyError, TypeError):
+        source = ModelSource.local(self.model_path)
+        positions = source.max_positions if source is not None else None
+        if positions is None:
             return  # not a local checkpoint with a plain config: the engine checks each prompt
         r = self.recipe
         limit = positions - r.rollout.max_new_tokens

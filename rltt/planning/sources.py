@@ -14,25 +14,15 @@ machine's available memory (psutil when installed, else ``MemAvailable`` of /pro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rltt.errors import RlttError
+from rltt.model.model_source import read_config
 
 from rltt.telemetry.schema import GIB  # noqa: F401 - the CLI's unit, read from here
 
 
-def read_config_json(path: Path, key: str = "model.path") -> dict:
-    config = path / "config.json"
-    if not config.is_file():
-        raise RlttError(f"{key}: no config.json in {path}")
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RlttError(f"{key}: {config} is not readable JSON ({type(exc).__name__})") from None
-    if not isinstance(data, dict):
-        raise RlttError(f"{key}: {config} does not hold a JSON object")
-    return data
+read_config_json = read_config  # the one reader of a model's config.json (`rltt.model.model_source`)
 
 
 def quickstart_config() -> tuple[dict, str]:

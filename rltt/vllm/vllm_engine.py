@@ -55,7 +55,6 @@ untruncated support (`TRUNCATION_NOTE`, said once per engine when a call truncat
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import tempfile
@@ -69,6 +68,7 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
+from rltt.model.model_source import ModelSource
 from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
@@ -304,10 +304,7 @@ class VllmEngine(RolloutEngine):
         if isinstance(model_or_path, LoopedForCausalLM):
             return self._save(model_or_path), model_or_path.config
         path = Path(model_or_path).expanduser()
-        config_file = path / "config.json"
-        if not config_file.exists():
-            raise RlttError(f"VllmEngine: no config.json in {path}")
-        if json.loads(config_file.read_text()).get("model_type") == LoopConfig.model_type:
+        if ModelSource.read(path, "VllmEngine").model_type == LoopConfig.model_type:
             return str(path), LoopConfig.from_pretrained(path)
         from rltt.model.load import load_looped
 
