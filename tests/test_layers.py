@@ -28,8 +28,8 @@ LAYERS = [
     "learner",       # the RL learner and its backends
     "lm_training",   # pretraining and dense-to-loop conversion
     "planning",      # the memory plan (from config.json and the recipe's values alone)
-    "orchestration", # the RL loop and where its parts live
-    "curation",      # solve-rate curation and evaluation recipes
+    "orchestration", # the RL loop, where its parts live, and evaluating a policy (train, eval, curate)
+    "curation",      # solve-rate curation of a recipe's data
     "cli",
 ]
 
