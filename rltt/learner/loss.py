@@ -75,7 +75,8 @@ def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_
         logp, old, batch.advantages, mask,
         kind=algo.loss, eps_low=eps_low, eps_high=eps_high, agg=algo.aggregation, max_len=max_len,
         correction=algo.correction,
-        correction_params=CorrectionParams(algo.correction_cap, algo.correction_lo, algo.correction_hi),
+        correction_params=CorrectionParams(algo.correction_cap, algo.correction_lo, algo.correction_hi,
+                                           algo.decoupled_cap),
         behaviour_logp=sampler if correct else None, rollout_logp=at_rollout if correct else None,
     )
     loss = pl.loss

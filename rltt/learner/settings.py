@@ -12,6 +12,7 @@ from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, Positi
 from rltt.learner.backends import BACKENDS
 from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, COMPUTE_PRICES, SCALES_OF
 from rltt.objectives.corrections import CORRECTIONS
+from rltt.objectives.policy_losses import POLICY_LOSSES
 from rltt.objectives.logprob import Omega, PolicyLogprobKind
 from rltt.objectives.rl import Aggregation, AdvantageScale, KlEstimator, PolicyLossKind
 from rltt.sections import Dtype
@@ -41,7 +42,9 @@ class AlgorithmConfig:
     policy (the chosen log-prob).
     ``correction``: the rollout correction for a sampler/learner mismatch — none | token_tis |
     seq_tis (truncated at ``correction_cap``) | token_mask | seq_mask | geo_mask (tokens or
-    sequences whose ratio leaves [``correction_lo``, ``correction_hi``] are masked).
+    sequences whose ratio leaves [``correction_lo``, ``correction_hi``] are masked) | decoupled
+    (AReaL's decoupled PPO: the loss's clip is against the proximal policy — the learner's weights at
+    the step's start — and each token is weighted by π_prox/π_behav, masked above ``decoupled_cap``).
     ``tis_cap``: the older name of token TIS — set, it selects ``correction: token_tis`` with
     ``correction_cap = tis_cap`` (None = off).
     ``track_kl``: keep the frozen reference (one extra no-grad forward) to log ``kl/ref``
@@ -81,6 +84,7 @@ class AlgorithmConfig:
     correction_cap: PositiveFloat = 2.0
     correction_lo: NonNegativeFloat = 0.5
     correction_hi: PositiveFloat = 5.0
+    decoupled_cap: PositiveFloat = 5.0  # correction decoupled: tokens with π_prox/π_behav above it are masked
     tis_cap: PositiveFloat | None = None
     hybrid_logprob: bool = True
     track_kl: bool = True  # keep a frozen reference to log kl/ref even when kl_coef = 0
@@ -103,6 +107,9 @@ class AlgorithmConfig:
         if self.correction_lo >= self.correction_hi:
             raise recipe_error("algorithm.correction_lo",
                                f"must be below correction_hi ({self.correction_hi:g}), got {self.correction_lo:g}")
+        if self.correction == "decoupled" and not POLICY_LOSSES[self.loss].needs_old:
+            raise recipe_error("algorithm.correction", f"decoupled clips the ratio against the proximal policy; "
+                                                       f"algorithm.loss {self.loss!r} has no ratio (use ppo_clip)")
         if self.tis_cap is not None:  # the alias of token TIS
             if self.correction not in ("none", "token_tis"):
                 raise recipe_error("algorithm.tis_cap", f"is token TIS; it cannot be combined with correction "

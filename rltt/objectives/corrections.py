@@ -13,8 +13,14 @@ stop-gradient weight c_j that multiplies its loss:
 - ``token_mask``: c_j = w_j · 1[lo ≤ w_j ≤ hi]           (masked IS, IcePop)
 - ``seq_mask``:   c_j = W · 1[lo ≤ W ≤ hi]
 - ``geo_mask``:   c_j = 1[lo ≤ Ḡ ≤ hi]                    (rejects whole sequences, no reweighting)
+- ``decoupled``:  c_j = w_j · 1[w_j ≤ C_d]                 (decoupled PPO, AReaL)
 
-with C = ``correction_cap`` and [lo, hi] = [``correction_lo``, ``correction_hi``]. A masked token
+with C = ``correction_cap``, [lo, hi] = [``correction_lo``, ``correction_hi``] and C_d =
+``decoupled_cap``. ``decoupled`` is the behaviour weight of AReaL's decoupled PPO: the learner's
+log-prob it compares is the proximal policy's (the learner's weights at the step's start, which is
+what the loss's ratio is clipped against), so c_j = π_prox/π_behav and the loss is
+−c_j · min(ρ_j A, clip(ρ_j) A) with ρ_j = π_θ/π_prox; a token whose weight exceeds C_d is masked
+(AReaL's ``behav_imp_weight_cap``), not truncated. A masked token
 (c_j = 0 by a mask) contributes exactly nothing to the loss or the gradient and still counts in
 the aggregation's normaliser (IcePop's form), so micro-batch weighting is unchanged. The band
 tests are made in log space, and a sequence ratio that overflows is capped or masked. A new
@@ -36,15 +42,19 @@ __all__ = ["CORRECTIONS", "CorrectionKind", "CorrectionParams", "CorrectionWeigh
 
 @dataclass(frozen=True)
 class CorrectionParams:
-    """C (``cap``) for the truncations, [``lo``, ``hi``] for the masks."""
+    """C (``cap``) for the truncations, [``lo``, ``hi``] for the masks, C_d (``decoupled_cap``)
+    for the decoupled objective's behaviour weight."""
 
     cap: float = 2.0
     lo: float = 0.5
     hi: float = 5.0
+    decoupled_cap: float = 5.0
 
     def check(self) -> None:
         if not self.cap > 0:
             raise RlttError(f"correction cap must be positive, got {self.cap}")
+        if not self.decoupled_cap > 0:
+            raise RlttError(f"decoupled cap must be positive, got {self.decoupled_cap}")
         if not 0 <= self.lo < self.hi:
             raise RlttError(f"correction band must satisfy 0 <= lo < hi, got lo={self.lo}, hi={self.hi}")
 
@@ -106,6 +116,11 @@ def geo_mask(delta, keep, p: CorrectionParams) -> CorrectionWeights:
     return _result(keep, torch.ones_like(mean), _band(mean, p))
 
 
+def decoupled(delta, keep, p: CorrectionParams) -> CorrectionWeights:
+    """π_prox/π_behav per token, 0 (masked) above ``decoupled_cap`` (AReaL's decoupled PPO)."""
+    return _result(keep, torch.exp(delta), delta <= math.log(p.decoupled_cap))
+
+
 #: name → ``fn(delta (B, S), keep (B, S) bool, params) -> CorrectionWeights``.
 CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, CorrectionParams], CorrectionWeights]] = {
     "none": no_correction,
@@ -114,6 +129,7 @@ CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, CorrectionParams], 
     "token_mask": token_mask,
     "seq_mask": seq_mask,
     "geo_mask": geo_mask,
+    "decoupled": decoupled,
 }
 
 CorrectionKind = Literal[tuple(CORRECTIONS)]  # type: ignore[valid-type]  # the table's names

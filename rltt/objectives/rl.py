@@ -201,7 +201,7 @@ def policy_loss(
         if correction not in ("none", "token_tis"):
             raise RlttError(f"tis_cap is the token_tis correction; it cannot be combined with correction "
                             f"{correction!r}")
-        correction, params = "token_tis", CorrectionParams(tis_cap, params.lo, params.hi)
+        correction, params = "token_tis", CorrectionParams(tis_cap, params.lo, params.hi, params.decoupled_cap)
     weights, active = None, keep
     if correction != "none":
         if behaviour_logp is None:

@@ -66,7 +66,7 @@ def test_each_estimator_feeds_an_update(estimator, scale):
 
 @pytest.mark.parametrize("correction", [c for c in CORRECTIONS if c != "none"])
 def test_each_correction_updates_and_logs_its_share(correction):
-    params = dict(correction_cap=1.2, correction_lo=0.9, correction_hi=1.1)
+    params = dict(correction_cap=1.2, correction_lo=0.9, correction_hi=1.1, decoupled_cap=1.2)
     algo = AlgorithmConfig(correction=correction, aggregation="seq_mean_token_mean", **params)
     noise = 0.15  # a sampler far enough from the learner that some ratios leave [0.9, 1.1]
     metrics, changed, batch = _update(algo, noise=noise)
@@ -79,14 +79,14 @@ def test_each_correction_updates_and_logs_its_share(correction):
         s = score_tokens(model, batch)
         learner = s.to_rows(policy_logprob("exit", s.logprobs, exit_steps=s.exit_steps))
     expected = correction_weights(correction, learner, batch.sampler_logprobs, batch.target_mask,
-                                  CorrectionParams(1.2, 0.9, 1.1))
+                                  CorrectionParams(1.2, 0.9, 1.1, 1.2))
     mask = batch.target_mask.bool()
     assert metrics["correction/masked_frac"] == pytest.approx(int(expected.masked.sum()) / int(mask.sum()), abs=1e-12)
     kept = mask & ~expected.masked
     if bool(kept.any()):
         assert metrics["correction/weight_mean"] == pytest.approx(float(expected.weight[kept].mean()), rel=1e-4)
         assert metrics["correction/weight_max"] == pytest.approx(float(expected.weight[kept].max()), rel=1e-4)
-    if correction.endswith("mask"):
+    if correction.endswith("mask") or correction == "decoupled":  # decoupled masks above its cap
         assert 0 < metrics["correction/masked_frac"] < 1
     else:
         assert metrics["correction/masked_frac"] == 0 and metrics["correction/weight_max"] <= 1.2 + 1e-6

@@ -12,7 +12,7 @@ from rltt.errors import RlttError
 from rltt.learner import AlgorithmConfig
 from rltt.objectives import CORRECTIONS, CorrectionParams, correction_weights, policy_loss
 
-PARAMS = CorrectionParams(cap=2.0, lo=0.5, hi=3.0)
+PARAMS = CorrectionParams(cap=2.0, lo=0.5, hi=3.0, decoupled_cap=2.5)
 
 
 def naive_weights(kind, learner, sampler, mask, p):
@@ -37,10 +37,12 @@ def naive_weights(kind, learner, sampler, mask, p):
                 c = w if p.lo <= w <= p.hi else 0.0
             elif kind == "seq_mask":
                 c = math.exp(seq) if p.lo <= math.exp(seq) <= p.hi else 0.0
-            else:  # geo_mask
+            elif kind == "geo_mask":
                 c = 1.0 if p.lo <= math.exp(geo) <= p.hi else 0.0
+            else:  # decoupled: π_prox/π_behav, masked above its cap
+                c = w if w <= p.decoupled_cap else 0.0
             weight[b][j] = c
-            masked[b][j] = kind.endswith("mask") and c == 0.0
+            masked[b][j] = (kind.endswith("mask") or kind == "decoupled") and c == 0.0
     return weight, masked
 
 
@@ -70,7 +72,7 @@ def test_every_correction_matches_its_formula(kind, data):
     assert not bool((out.masked & ~mask).any()) and not bool((out.weight[~mask] != 0).any())
 
 
-@pytest.mark.parametrize("kind", ["token_mask", "seq_mask", "geo_mask"])
+@pytest.mark.parametrize("kind", ["token_mask", "seq_mask", "geo_mask", "decoupled"])
 @pytest.mark.parametrize("loss", ["ppo_clip", "reinforce", "gspo", "cispo"])
 def test_masked_tokens_contribute_exactly_nothing(kind, loss):
     g = torch.Generator().manual_seed(0)
@@ -94,7 +96,8 @@ def test_masked_tokens_contribute_exactly_nothing(kind, loss):
 
     out, grad = run(logp0)
     masked = correction_weights(kind, learner, sampler, mask, PARAMS).masked
-    assert bool(masked[0].any()) and bool(masked[2].all()) and not bool(masked[1].any())
+    low_edge = kind != "decoupled"  # decoupled masks above its cap only
+    assert bool(masked[0].any()) and bool(masked[2].all()) == low_edge and not bool(masked[1].any())
     assert torch.equal(grad[masked], torch.zeros(int(masked.sum()), dtype=torch.float64))
     assert bool((grad[mask & ~masked] != 0).all())
     # whatever the policy does on a masked token (even an extreme log-prob), the loss and the
@@ -130,7 +133,7 @@ def test_tis_cap_is_the_token_tis_correction():
 
 
 def test_correction_menu_and_checks():
-    assert tuple(CORRECTIONS) == ("none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask")
+    assert tuple(CORRECTIONS) == ("none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask", "decoupled")
     x = torch.zeros(1, 2)
     with pytest.raises(RlttError, match="needs behaviour_logp"):
         policy_loss(x, x, torch.ones(1), torch.ones(1, 2), correction="token_mask")
@@ -148,3 +151,47 @@ def test_correction_menu_and_checks():
                                                                                            dtype=torch.float64))
     masked = correction_weights("seq_mask", big, zero, keep)
     assert bool(masked.masked.all()) and torch.equal(masked.weight, zero)
+
+
+def test_decoupled_ppo_against_a_hand_computation():
+    """AReaL's decoupled PPO: ℓ_j = −(π_prox/π_behav)_j · min(ρ_j A, clip(ρ_j, 0.8, 1.28) A) with
+    ρ_j = π_θ/π_prox, a token whose behaviour weight exceeds decoupled_cap (5) masked, token_mean
+    over the 5 completion tokens (the masked one still counts)."""
+    ln = math.log
+    prox = torch.tensor([[ln(0.5), ln(0.4), ln(0.2)], [ln(0.5), ln(0.25), 0.0]], dtype=torch.float64)
+    behav = torch.tensor([[ln(0.25), ln(0.05), ln(0.4)], [ln(0.5), ln(0.2), 0.0]], dtype=torch.float64)
+    now = torch.tensor([[ln(0.6), ln(0.4), ln(0.3)], [ln(0.3), ln(0.25), 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    # by hand, token by token (w = π_prox/π_behav, ρ = π_θ/π_prox):
+    #   row 0, A = 1:  w 2,    ρ 1.2: unclipped, ℓ = −2 · 1.2          = −2.4,  ∂ℓ/∂logp = −2 · 1.2 = −2.4
+    #                  w 8 > 5: masked,          ℓ = 0,                         ∂ = 0
+    #                  w 0.5,  ρ 1.5 > 1.28: clipped, ℓ = −0.5 · 1.28  = −0.64, ∂ = 0
+    #   row 1, A = −2: w 1,    ρ 0.6 < 0.8: clipped, ℓ = −1 · (0.8 · −2) = 1.6, ∂ = 0
+    #                  w 1.25, ρ 1: unclipped, ℓ = −1.25 · (1 · −2)   = 2.5,   ∂ = 1.25 · 2 = 2.5
+    want_loss = (-2.4 + 0.0 - 0.64 + 1.6 + 2.5) / 5
+    want_grad = torch.tensor([[-2.4, 0.0, 0.0], [0.0, 2.5, 0.0]], dtype=torch.float64) / 5
+    logp = now.clone().requires_grad_(True)
+    out = policy_loss(logp, prox, adv, mask, kind="ppo_clip", eps_low=0.2, eps_high=0.28, correction="decoupled",
+                      behaviour_logp=behav)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(want_loss, rel=1e-12)
+    torch.testing.assert_close(logp.grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert out.correction_masked.item() == 1 and out.correction_tokens.item() == 5
+    assert out.correction_weight_max.item() == pytest.approx(2.0) and out.correction_weight_sum.item() == pytest.approx(4.75)
+    # the cap is the recipe's key: at 10 the w = 8 token is kept (ρ = 1, A = 1: ℓ = −8)
+    logp = now.clone().requires_grad_(True)
+    out = policy_loss(logp, prox, adv, mask, kind="ppo_clip", eps_low=0.2, eps_high=0.28, correction="decoupled",
+                      correction_params=CorrectionParams(decoupled_cap=10.0), behaviour_logp=behav)
+    assert out.loss.item() == pytest.approx(want_loss - 8.0 / 5, rel=1e-12)
+
+
+def test_decoupled_recipe_keys():
+    algo = AlgorithmConfig(correction="decoupled")
+    assert algo.decoupled_cap == 5.0
+    assert AlgorithmConfig(correction="decoupled", decoupled_cap=2.0).decoupled_cap == 2.0
+    for kwargs, key in (({"decoupled_cap": 0.0}, "algorithm.decoupled_cap"),
+                        ({"loss": "reinforce"}, "algorithm.correction")):
+        with pytest.raises(RlttError) as err:
+            AlgorithmConfig(correction="decoupled", **kwargs)
+        assert key in str(err.value) and "\n" not in str(err.value)
