@@ -666,6 +666,14 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
             sec.add(f"rollout.b{bsz}.same_tokens_and_exits",
                     bool(torch.equal(dense.exit_steps.cpu(), deferred.exit_steps.cpu())
                          and torch.equal(dense.completion_ids.cpu(), deferred.completion_ids.cpu())), "", setting)
+            if bsz == s.batches[0]:  # host work per pass (rltt.rollout.host_work: profiler counts, one call each)
+                from rltt.rollout.host_work import rollout_host_work
+                for schedule in ("dense", "deferred"):
+                    _, work = rollout_host_work(engine, ids.tolist(), SamplingParams(
+                        temperature=0.0, max_new_tokens=s.new_tokens, exit_policy="sample", schedule=schedule,
+                        seed=1, ignore_eos=True), warmup=False)
+                    for key, value in work.summary().items():
+                        sec.add(f"rollout.b{bsz}.{schedule}.{key}", round(value, 3), "", setting)
             del dense, deferred
 
 

@@ -6,6 +6,9 @@
     python bench/rollout.py --group 8            # RL-shaped batches: G = 8 rows per prompt
     python bench/rollout.py --engine vllm --batch-sizes 1,8,32,256 --group 8 --clock wall
                                                  # vLLM vs native dense and deferred
+    python bench/rollout.py --host-work --hidden 128 --layers 2 --batch-sizes 8 --new-tokens 24 --write
+                                                 # … and the host work per pass (profiler counts,
+                                                 # rltt.rollout.host_work) of dense and deferred
 
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
@@ -36,9 +39,21 @@ import torch
 from rltt.model import LoopConfig, LoopedForCausalLM
 from rltt.model.exits import gate_lambda
 from rltt.rollout import NativeEngine, SamplingParams
+from rltt.rollout.host_work import rollout_host_work
 
 SECTION = "## Rollout engine (bench/rollout.py)"
 VLLM_SECTION = "### vLLM engine (`bench/rollout.py --engine vllm`)"
+HOST_SECTION = "### Host work per pass (`bench/rollout.py --host-work`)"
+HOST_NOTES = """\
+Counted by `rltt.rollout.host_work.profile_host_work` (torch.profiler, CPU activity) over one
+`NativeEngine.generate` call after a warm-up, prefill included: *operators* are top-level `aten::`
+operators (what the host dispatches, views included), *launches* the same less the ops that launch no
+kernel (views, `detach`, `lift_fresh`, `empty`, …), *syncs* the `aten::_local_scalar_dense`
+(`.item()`, `bool(t)`, `int(t)`), `aten::nonzero` and `aten::masked_select` calls at any depth, and
+*host tensors* the `torch.tensor(python data)` calls (`aten::lift_fresh`; on a GPU each is a
+host-to-device copy). `.tolist()`/`.cpu()` of a CUDA tensor also syncs; on CPU it dispatches no
+operator, so these counts do not include it. Counts do not depend on the model's width.
+"""
 
 NOTES = """\
 Reading the figures (targets: deferred >= 1.5x dense at E[t*] ~ 2.5/4; native >= 2x generate() at batch 32;
@@ -135,6 +150,13 @@ def run(args) -> tuple[list[dict], str]:
         )
         row["ratio"] = row["deferred_tps"] / row["dense_tps"]
         row["vs_hf"] = row["native_final_tps"] / row["hf_tps"]
+        if args.host_work:
+            for schedule in ("dense", "deferred"):
+                counted, work = rollout_host_work(engine, distinct.tolist(), SamplingParams(
+                    temperature=0, max_new_tokens=args.new_tokens, exit_policy="sample", schedule=schedule, seed=1,
+                    ignore_eos=True, n=group), warmup=False)
+                assert torch.equal(counted.completion_ids, outs[schedule].completion_ids)
+                row[f"{schedule}_host"] = work.summary()
         rows.append(row)
         print(f"batch {bsz}: dense {row['dense_tps']:.1f} tok/s, deferred {row['deferred_tps']:.1f} tok/s "
               f"({row['ratio']:.2f}x), native final {row['native_final_tps']:.1f} vs generate() "
@@ -193,6 +215,20 @@ def run_vllm(args) -> tuple[list[dict], str]:
                      f"{r['vllm_tps']:.1f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | **{r['vs_dense']:.2f}×** | "
                      f"**{r['vs_deferred']:.2f}×** | {'yes' if r['same'] else 'no'} |")
     return rows, "\n".join(lines)
+
+
+def host_table(rows: list[dict]) -> str:
+    lines = ["| batch (prompts × G) | schedule | tok/s | passes | operators per (layer · pass) "
+             "| launches per (layer · pass) | syncs per pass | host tensors per pass |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        for schedule in ("dense", "deferred"):
+            w = r[f"{schedule}_host"]
+            lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {schedule} | "
+                         f"{r[f'{schedule}_tps']:.1f} | {w['passes']} | {w['operators_per_layer_pass']:.1f} | "
+                         f"{w['launches_per_layer_pass']:.1f} | {w['syncs_per_pass']:.2f} | "
+                         f"{w['host_tensors_per_pass']:.2f} |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -261,6 +297,9 @@ def main(argv=None) -> None:
     parser.add_argument("--engine", choices=("native", "vllm"), default="native",
                         help="vllm: VllmEngine against native dense and deferred (needs vLLM)")
     parser.add_argument("--kv-cache-gb", type=float, default=1, help="with --engine vllm: CPU KV cache space (GiB)")
+    parser.add_argument("--host-work", action="store_true",
+                        help="also profile one dense and one deferred call per batch size: operators per (layer · "
+                             "pass) and syncs per pass (with --write: the ### Host work subsection, alone)")
     parser.add_argument("--write", action="store_true",
                         help="update bench/RESULTS.md: this section's text up to its first ### subsection "
                              "(with --engine vllm: the ### vLLM engine subsection); subsections are kept")
@@ -275,6 +314,13 @@ def main(argv=None) -> None:
     print(md)
     command = "python bench/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"total {time.perf_counter() - start:.0f} s")
+    if args.host_work and args.engine == "native":
+        host = host_table(rows)
+        print(host)
+        if args.write:
+            write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n\n{host}\n",
+                          append=args.append, heading=HOST_SECTION, notes=HOST_NOTES)
+        return
     if args.write:
         body = f"Command: `{command.strip()}`\n\n{md}\n"
         vllm = args.engine == "vllm"

@@ -68,6 +68,8 @@ EXPECTED = {
     + [f"rollout.b{b}.{k}" for b in (1, 2) for k in
        ("dense_tok_s", "deferred_tok_s", "deferred/dense", "mean_exit_step", "passes_per_token_dense",
         "passes_per_token_deferred", "same_tokens_and_exits")]
+    + [f"rollout.b1.{s}.{k}" for s in ("dense", "deferred") for k in  # rltt.rollout.host_work
+       ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "host_tensors_per_pass", "passes")]
     + [f"generate.b2.{k}" for k in ("native_final_tok_s", "hf_generate_tok_s", "native/generate",
                                     "identical_rows_frac")]
     + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"],
