@@ -145,7 +145,7 @@ def step_times(args, out: Path) -> dict:
                 tr.logger.log(step, metrics)
                 row = {"wall": wall, "generate": work.generate_s - before[0], "update": work.update_s - before[1],
                        **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
-                if not tr.recipe.orchestration.overlap:  # with overlap the update phase also samples ahead
+                if not tr.recipe.orchestration.staleness:  # with overlap the update phase also samples ahead
                     row["rollout_extra"] = row[m.TIME_ROLLOUT] - row["generate"]
                     row["learner_extra"] = row[m.TIME_LEARNER] - row["update"]
                 rows[name].append(row)

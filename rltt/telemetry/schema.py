@@ -101,6 +101,7 @@ ROLLOUT_SEQUENCES = "rollout/sequences"
 ROLLOUT_REFILLS = "rollout/refills"
 # Ray orchestration (orchestration.backend=ray)
 ORCH_STALENESS = "orchestration/staleness"
+ORCH_STALENESS_MEAN = "orchestration/staleness_mean"
 ORCH_OVERLAP_SAVED_S = "orchestration/overlap_saved_s"
 ORCH_WORKER_RESTARTS = "orchestration/worker_restarts"
 ORCH_REISSUED_SHARDS = "orchestration/reissued_shards"
@@ -339,9 +340,13 @@ METRICS: tuple[MetricSpec, ...] = (
                "extra rollout rounds dynamic sampling drew to replace uniform groups", "count"),
     # Ray orchestration
     MetricSpec(ORCH_STALENESS, "weights versions between the rollouts' sampler and the update that "
-               "trains on them (0 on-policy; 1 with orchestration.overlap=1)", "versions"),
-    MetricSpec(ORCH_OVERLAP_SAVED_S, "rollout time hidden behind the previous step's update "
-               "(orchestration.overlap=1)", "s"),
+               "trains on them, the most over the step's tokens (0 on-policy; min(step - 1, K) with "
+               "orchestration.max_staleness=K)", "versions"),
+    MetricSpec(ORCH_STALENESS_MEAN, "the same staleness, averaged over the step's tokens (equal to "
+               "orchestration/staleness in the deterministic pipeline: a step's rows share one version)",
+               "versions"),
+    MetricSpec(ORCH_OVERLAP_SAVED_S, "rollout time hidden behind this step's update: the rows sampled "
+               "ahead during it (orchestration.max_staleness >= 1)", "s"),
     MetricSpec(ORCH_WORKER_RESTARTS, "rollout-worker restarts so far (a dead worker, restarted by Ray)",
                "count"),
     MetricSpec(ORCH_REISSUED_SHARDS, "rollout shards issued again this step after their worker died "

@@ -2,10 +2,11 @@
 `RayLearnerGroup`, driven by the very same loop and training step as a run in one process.
 
 The driver owns the prompt stream, seeds, rewards, advantages, metrics, evaluation and
-checkpoints; the actors own the weights. With ``orchestration.overlap: 1`` the step is an
-`OverlappedStep` (rollouts one version old). A learner's death (`LearnerGroupDied`) ends the
-trainer; `rltt.orchestration.trainer.train` rebuilds the parts and resumes from the newest
-checkpoint, up to ``orchestration.ray.learner_restarts`` times.
+checkpoints; the actors own the weights. The step is an `OverlappedStep`: with
+``orchestration.max_staleness: K`` (``overlap: 1`` is K = 1) it samples up to K steps ahead.
+A learner's death (`LearnerGroupDied`) ends the trainer; `rltt.orchestration.trainer.train`
+rebuilds the parts and resumes from the newest checkpoint, up to
+``orchestration.ray.learner_restarts`` times.
 
 ``RUN_DIR/cluster.json`` lists every actor (role, node, pid, restarts) as the run goes.
 
@@ -69,7 +70,7 @@ def build_ray_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, ranks:
                 part.close()
         disconnect(started)
         raise
-    step = partial(OverlappedStep, overlap=bool(r.orchestration.overlap), last_step=r.train.steps)
+    step = partial(OverlappedStep, max_staleness=r.orchestration.staleness, last_step=r.train.steps)
     return RunParts(tokenizer, engine, learner, step=step, release=partial(disconnect, started))
 
 

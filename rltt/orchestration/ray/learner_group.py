@@ -108,7 +108,7 @@ class RayLearnerGroup:
         self.log = log or ClusterLog(None)
         self.world = learners or cfg.learners
         self.last_checkpoint: Path | None = None
-        #: called between starting an update and waiting for it (``orchestration.overlap``)
+        #: called between starting an update and waiting for it (``orchestration.max_staleness``)
         self.during_update: Callable[[], None] | None = None
         self.last_update_s = 0.0  # the slowest rank's wall time of the last update
         bundle = {"CPU": cfg.num_cpus, "GPU": cfg.num_gpus}

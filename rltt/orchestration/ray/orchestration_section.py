@@ -49,18 +49,35 @@ class RaySection:
 
 @dataclass
 class OrchestrationSection:
-    """``orchestration``: ``backend`` local (one process, or torchrun ranks) | ray; ``overlap`` 1
-    samples step k+1's rollouts while step k learns (one step off-policy; the learner's ratio is
-    against the recorded sampler log-probs)."""
+    """``orchestration``: ``backend`` local (one process, or torchrun ranks) | ray.
+
+    ``max_staleness`` K: the rollout workers run up to K weights versions ahead of the learner —
+    the rows of step n are sampled with the weights the learner had at the start of step
+    max(1, n − K), whatever the timing (0: synchronous; the learner's ratio is against the
+    recorded sampler log-probs). ``overlap`` is its older name: 1 is K = 1 (step k+1 sampled while
+    step k learns); set together, they must agree. None: unset (K = 0)."""
 
     backend: Backend = "local"
-    overlap: Literal[0, 1] = 0
+    overlap: Literal[0, 1] | None = None
+    max_staleness: NonNegativeInt | None = None
     ray: RaySection = field(default_factory=RaySection)
 
     def validate(self) -> None:
-        if self.overlap and self.backend != "ray":
-            raise recipe_error("orchestration.overlap", "1 needs orchestration.backend=ray (rollouts run on "
-                                                        "their own actors while the learner updates)")
+        if self.overlap is not None and self.max_staleness is not None and self.overlap != self.max_staleness:
+            raise recipe_error("orchestration.overlap", f"{self.overlap} is max_staleness {self.overlap}; it "
+                                                        f"contradicts orchestration.max_staleness="
+                                                        f"{self.max_staleness} (set one of them)")
+        if self.max_staleness is None:
+            self.max_staleness = self.overlap or 0
+        if self.max_staleness and self.backend != "ray":
+            key = "orchestration.max_staleness" if self.overlap is None else "orchestration.overlap"
+            raise recipe_error(key, f"{self.max_staleness} needs orchestration.backend=ray (rollouts run on "
+                                    f"their own actors while the learner updates)")
+
+    @property
+    def staleness(self) -> int:
+        """K, the resolved ``max_staleness`` (``overlap`` its alias)."""
+        return self.max_staleness if self.max_staleness is not None else (self.overlap or 0)
 
 
 def check_recipe(recipe) -> None:
@@ -79,8 +96,8 @@ def check_recipe(recipe) -> None:
                                                          f"{recipe.rollout.prompts_per_step} (each learner takes "
                                                          f"whole groups)")
     a = recipe.algorithm
-    if o.overlap and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.correction != "none"):
-        raise recipe_error("orchestration.overlap", "1 trains on rollouts one step old: it needs the ratio against "
-                                                    "the sampler's log-probs (algorithm.policy_logprob=exit with "
-                                                    "hybrid_logprob=true, or an algorithm.correction such as "
-                                                    "token_tis)")
+    if o.staleness and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.correction != "none"):
+        key = "orchestration.max_staleness" if o.overlap is None else "orchestration.overlap"
+        raise recipe_error(key, f"{o.staleness} trains on rollouts up to {o.staleness} step(s) old: it needs the "
+                                f"ratio against the sampler's log-probs (algorithm.policy_logprob=exit with "
+                                f"hybrid_logprob=true, or an algorithm.correction such as decoupled or token_tis)")

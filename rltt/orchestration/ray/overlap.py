@@ -1,10 +1,16 @@
 """The Ray driver's training step: `TrainingStep` that reports its rollouts' staleness and, with
-``orchestration.overlap: 1``, samples step k+1 while step k's update runs on the learner group.
+``orchestration.max_staleness: K`` ≥ 1 (``overlap: 1`` is K = 1), samples ahead while the learner
+group updates — a deterministic pipeline.
 
-A step then trains on rollouts one weights version old (``orchestration/staleness`` 1; the
-learner's ratio is against the recorded sampler log-probs); the rollouts sampled ahead are part
-of the checkpoint (`OverlappedStep.state_dict`), so a resumed run trains on exactly what the
-uninterrupted one did.
+The rows of step n are sampled with the weights the learner had at the start of step
+max(1, n − K) — version max(0, n − 1 − K) when no update was skipped — whatever the timing: during
+step n's update the rollout workers serve the weights of step n's start and sample step n + K (and,
+during step 1's update, steps 2 … 1 + K, all at version 0). A step's staleness, the learner's
+version minus the rows' version, is therefore min(n − 1, K) (``orchestration/staleness``; every
+token of a step has the same version, so ``orchestration/staleness_mean`` is the same number). The
+learner's ratio is against the recorded sampler log-probs. The up to K steps of rows sampled ahead
+are part of the checkpoint (`OverlappedStep.state_dict`), so a resumed run trains on exactly what
+the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from rltt.orchestration.step import TrainingStep
 from rltt.telemetry import schema as m
 
 STALENESS = m.ORCH_STALENESS
+STALENESS_MEAN = m.ORCH_STALENESS_MEAN
 OVERLAP_SAVED = m.ORCH_OVERLAP_SAVED_S
 WORKER_RESTARTS = m.ORCH_WORKER_RESTARTS
 RESHARDS = m.ORCH_REISSUED_SHARDS
@@ -35,17 +42,24 @@ class Sampled:
 
 
 class OverlappedStep(TrainingStep):
-    """`TrainingStep` that reports the rollouts' staleness and, with ``overlap``, samples step
-    k+1 while step k's update runs on the learner group (its ``during_update`` hook)."""
+    """`TrainingStep` that reports the rollouts' staleness and, with ``max_staleness`` K ≥ 1,
+    samples steps up to n + K while step n's update runs on the learner group (its
+    ``during_update`` hook); ``overlap`` True is K = 1."""
 
-    def __init__(self, *args, overlap: bool = False, last_step: int = 0, **kwargs):
+    def __init__(self, *args, max_staleness: int = 0, overlap: bool = False, last_step: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.overlap, self.last_step = overlap, last_step
-        self.ahead: Sampled | None = None
+        self.max_staleness = max(int(max_staleness), int(bool(overlap)))
+        self.last_step = last_step
+        self.ahead: list[Sampled] = []  # the steps sampled ahead, in step order
         self._used: Sampled | None = None
         self._step = 0
-        if overlap:
+        self._fresh: list[Sampled] = []  # those sampled during this step's update
+        if self.max_staleness:
             self.learner.during_update = self._sample_ahead
+
+    @property
+    def overlap(self) -> bool:
+        return self.max_staleness > 0
 
     def _sampled(self, step: int) -> Sampled:
         t0 = time.perf_counter()
@@ -54,27 +68,32 @@ class OverlappedStep(TrainingStep):
         return Sampled(step, groups, metrics, version, time.perf_counter() - t0)
 
     def _sample_ahead(self) -> None:
-        if self._step < self.last_step:
-            self.ahead = self._sampled(self._step + 1)
+        """During step n's update the workers serve the weights of step n's start: sample every
+        step up to n + K not sampled yet (n + K alone once the pipeline is full)."""
+        newest = self.ahead[-1].step if self.ahead else self._step
+        for step in range(newest + 1, min(self._step + self.max_staleness, self.last_step) + 1):
+            sampled = self._sampled(step)
+            self.ahead.append(sampled)
+            self._fresh.append(sampled)
 
     def rollout(self, step: int):
-        if self.ahead is not None and self.ahead.step == step:
-            self._used, self.ahead = self.ahead, None
+        if self.ahead and self.ahead[0].step == step:
+            self._used = self.ahead.pop(0)
         else:
             self._used = self._sampled(step)
         metrics = dict(self._used.metrics)
-        metrics[STALENESS] = self.learner.version - self._used.version
+        metrics[STALENESS] = metrics[STALENESS_MEAN] = self.learner.version - self._used.version
         return self._used.groups, metrics
 
     def __call__(self, step: int) -> dict[str, float]:
-        self._step = step
+        self._step, self._fresh = step, []
         metrics = super().__call__(step)
         used = self._used
         if metrics[m.TIME_ROLLOUT] < used.seconds:  # sampled ahead: its own time, not the wait for it
             metrics[m.TIME_ROLLOUT] = used.seconds
             metrics[m.THROUGHPUT_TOKENS_PER_S] = int(used.groups.batch.target_mask.sum()) / max(used.seconds, 1e-9)
-        if self.ahead is not None:
-            metrics[OVERLAP_SAVED] = min(self.ahead.seconds, self.learner.last_update_s)
+        if self._fresh:
+            metrics[OVERLAP_SAVED] = min(sum(s.seconds for s in self._fresh), self.learner.last_update_s)
         metrics[WORKER_RESTARTS] = self.engine.log.restarts("rollout")
         metrics[RESHARDS] = self.engine.reissued
         return metrics
@@ -82,16 +101,17 @@ class OverlappedStep(TrainingStep):
     def state_dict(self) -> dict:
         """The rollouts sampled ahead (tensors and plain data), so a resumed run trains on exactly
         what the uninterrupted one did."""
-        return {"ahead": _plain(self.ahead)}
+        return {"ahead": [_plain(s) for s in self.ahead]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ahead = _sampled(state.get("ahead"))
+        ahead = state.get("ahead")
+        if ahead is None or isinstance(ahead, dict):  # a checkpoint of overlap 1: one step or none
+            ahead = [] if ahead is None else [ahead]
+        self.ahead = [_sampled(s) for s in ahead]
 
 
-def _plain(sampled: Sampled | None) -> dict | None:
+def _plain(sampled: Sampled) -> dict:
     """A `Sampled` as tensors and plain data, for a checkpoint read with ``weights_only=True``."""
-    if sampled is None:
-        return None
     g = sampled.groups
     batch = {f.name: getattr(g.batch, f.name) for f in fields(g.batch)}
     return {"step": sampled.step, "metrics": dict(sampled.metrics), "version": sampled.version,
@@ -100,9 +120,7 @@ def _plain(sampled: Sampled | None) -> dict | None:
                        "task_ids": list(g.task_ids), "prompt_seeds": list(g.prompt_seeds)}}
 
 
-def _sampled(plain: dict | None) -> Sampled | None:
-    if plain is None:
-        return None
+def _sampled(plain: dict) -> Sampled:
     g = dict(plain["groups"])
     groups = ScoredGroups(LearnerBatch(**g.pop("batch")), **g)
     return Sampled(plain["step"], groups, plain["metrics"], plain["version"], plain["seconds"])

@@ -12,6 +12,12 @@ from ..test_local import write_recipe
 @pytest.mark.parametrize("overrides, key", [
     (["orchestration.backend=spark"], "orchestration.backend"),
     (["orchestration.overlap=1"], "orchestration.overlap"),  # needs backend=ray
+    (["orchestration.max_staleness=2"], "orchestration.max_staleness"),  # needs backend=ray
+    (["orchestration.max_staleness=-1"], "orchestration.max_staleness"),
+    (["orchestration.backend=ray", "orchestration.overlap=1", "orchestration.max_staleness=2"],
+     "orchestration.overlap"),  # the alias contradicts the key
+    (["orchestration.backend=ray", "orchestration.overlap=0", "orchestration.max_staleness=1"],
+     "orchestration.overlap"),
     (["orchestration.backend=ray", "orchestration.ray.rollout_workers=0"], "orchestration.ray.rollout_workers"),
     (["orchestration.backend=ray", "orchestration.ray.timeout_s=0"], "orchestration.ray.timeout_s"),
     (["orchestration.backend=ray", "orchestration.ray.sync=nccl"], "orchestration.ray.sync"),
@@ -26,9 +32,25 @@ def test_bad_orchestration_values(tmp_path, overrides, key):
     (["orchestration.ray.learners=2"], "orchestration.ray.learners"),  # the torch backend is one process
     (["orchestration.ray.learners=4", "learner.backend=deepspeed"], "orchestration.ray.learners"),  # 2 prompts
     (["orchestration.overlap=1", "algorithm.hybrid_logprob=false"], "orchestration.overlap"),
+    (["orchestration.max_staleness=2", "algorithm.hybrid_logprob=false"], "orchestration.max_staleness"),
 ])
 def test_cross_section_checks(tmp_path, overrides, key):
     recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *overrides])
     with pytest.raises(ConfigError) as err:
         check_recipe(recipe)
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, K", [
+    ([], 0),
+    (["orchestration.overlap=1"], 1),  # the alias
+    (["orchestration.overlap=1", "orchestration.max_staleness=1"], 1),
+    (["orchestration.max_staleness=2"], 2),
+    (["orchestration.max_staleness=4", "algorithm.hybrid_logprob=false", "algorithm.correction=decoupled",
+      "algorithm.decoupled_cap=3"], 4),
+])
+def test_max_staleness_and_its_alias(tmp_path, overrides, K):
+    recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *overrides])
+    check_recipe(recipe)
+    assert recipe.orchestration.staleness == recipe.orchestration.max_staleness == K
+    assert recipe.algorithm.decoupled_cap == (3.0 if "algorithm.decoupled_cap=3" in overrides else 5.0)

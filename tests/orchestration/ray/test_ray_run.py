@@ -1,7 +1,7 @@
 """`rltt train RECIPE orchestration.backend=ray`: the same training step as the local loop, so the
 same metrics.jsonl (every numeric key but timings) — also when a rollout worker is killed
 mid-generate, and with 2 DeepSpeed learners (against the one-process DeepSpeed loop);
-`overlap: 1` trains one step off-policy and resumes exactly."""
+`overlap: 1` trains one step off-policy and resumes exactly, and so does `max_staleness: 2` two steps."""
 
 import json
 import os
@@ -15,7 +15,7 @@ import pytest
 from rltt.cli.main import main
 from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
-from rltt.orchestration.ray.overlap import OVERLAP_SAVED, RESHARDS, STALENESS, WORKER_RESTARTS
+from rltt.orchestration.ray.overlap import OVERLAP_SAVED, RESHARDS, STALENESS, STALENESS_MEAN, WORKER_RESTARTS
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
@@ -197,4 +197,33 @@ def test_overlap_trains_one_step_stale_and_resumes_exactly(ray_cluster, tmp_path
         Trainer(load_train_recipe(crashed, OVERLAP), recipe_root=tmp_path / "b").run()
     monkeypatch.setattr(Trainer, "save", save)
     Trainer(load_train_recipe(crashed, OVERLAP), resume=True, recipe_root=tmp_path / "b").run()
+    assert_same_metrics(read_metrics(tmp_path / "b" / "run"), want, exact=True)
+
+
+STALE2 = ["train.steps=4", "train.eval_every=0", "checkpoint.every=1", *RAY, "orchestration.max_staleness=2"]
+
+
+def test_max_staleness_2_trains_min_n_minus_1_2_stale_and_resumes_exactly(ray_cluster, tmp_path, monkeypatch):
+    """Step n's rows are sampled at version max(0, n - 3): staleness 0, 1, 2, 2; killed after step
+    1's checkpoint (steps 2 and 3 held in it), the resumed run logs what the uninterrupted one did."""
+    straight = write_recipe(tmp_path / "a")
+    Trainer(load_train_recipe(straight, STALE2), recipe_root=tmp_path / "a").run()
+    want = read_metrics(tmp_path / "a" / "run")
+    assert [r[STALENESS] for r in want] == [r[STALENESS_MEAN] for r in want] == [0, 1, 2, 2]
+    assert [OVERLAP_SAVED in r for r in want] == [True, True, False, False]  # step 1 samples 2-3, step 2 samples 4
+
+    crashed = write_recipe(tmp_path / "b")
+    save = Trainer.save
+
+    def save_then_crash(self):
+        final = save(self)
+        if self.step == 1:
+            raise KeyboardInterrupt  # dies after step 1's checkpoint, which holds steps 2 and 3's rows
+        return final
+
+    monkeypatch.setattr(Trainer, "save", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(load_train_recipe(crashed, STALE2), recipe_root=tmp_path / "b").run()
+    monkeypatch.setattr(Trainer, "save", save)
+    Trainer(load_train_recipe(crashed, STALE2), resume=True, recipe_root=tmp_path / "b").run()
     assert_same_metrics(read_metrics(tmp_path / "b" / "run"), want, exact=True)
