@@ -110,16 +110,28 @@ class TorchBackend(_Backend):
 
 #: the file of a run directory holding the exact config rltt passed to ``deepspeed.initialize``
 DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
+#: DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)
+DS_BUCKET = 500_000_000
 
 
-def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: int) -> dict[str, Any]:
+def bucket_elements(parameters: int) -> int:
+    """The ZeRO reduce/all-gather bucket rltt asks for, in elements: DeepSpeed's default, or the
+    model's parameter count (rounded up to even, as the all-gather bucket must be) when that is
+    smaller — ZeRO-2 allocates its reduce bucket at full size at every backward and ZeRO-3 at
+    start-up, whatever the model's size."""
+    return min(DS_BUCKET, parameters + parameters % 2)
+
+
+def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: int,
+                     parameters: int | None = None) -> dict[str, Any]:
     """The config rltt hands DeepSpeed. A bf16 model accumulates its micro-batch gradients in fp32
     (``data_types.grad_accum_dtype``; DeepSpeed's default is the model's dtype): ZeRO-1 sums them
     in an fp32 buffer (its BF16 optimizer) and all-reduces that sum once per update — in fp32
     (``communication_data_type``), so the sum is not rounded to bf16; ZeRO-2/3 reduce each
     micro-batch's bf16 gradient (across ranks, in bf16) into fp32 gradient partitions. DeepSpeed
     0.19 has no fp32 accumulation for a bf16 model without ZeRO, so `LearnerConfig` refuses
-    ZeRO-0 with bf16."""
+    ZeRO-0 with bf16. With ``parameters`` (the trained parameter count) ZeRO 1-3's buckets are
+    `bucket_elements` long."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": accumulation,
@@ -130,6 +142,9 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch_size: int, accumulation: in
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if parameters is not None and cfg.zero_stage >= 1:
+        bucket = bucket_elements(parameters)
+        config["zero_optimization"].update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
     if cfg.dtype == "bf16":
         config["bf16"] = {"enabled": True}
         config["data_types"] = {"grad_accum_dtype": "fp32"}
@@ -193,10 +208,10 @@ class DeepSpeedBackend(_Backend):
         init_distributed_if_needed()
         self.cfg = cfg
         self.accumulation = accumulation
-        ds_config = deepspeed_config(cfg, cfg.micro_batch_size, accumulation)
+        params = [p for p in model.parameters() if p.requires_grad]
+        ds_config = deepspeed_config(cfg, cfg.micro_batch_size, accumulation, parameters=sum(p.numel() for p in params))
         if run_dir is not None and torch.distributed.get_rank() == 0:  # before DeepSpeed reads (or fails on) it
             write_deepspeed_config(Path(run_dir), ds_config)
-        params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                                                  config=ds_config)
         self.module = self.engine.module

@@ -1,7 +1,10 @@
 """Per-device bytes of each part of a run, and the two phases' peaks.
 
 P parameters, b = bytes of the trained dtype (`RunSettings.train_bytes`), N = ranks (``--gpus``),
-part = ⌈P / N⌉ (a ZeRO partition)::
+part = ⌈P / N⌉ (a ZeRO partition), B = min(5·10⁸, P) elements: the reduce bucket rltt asks DeepSpeed for
+(`rltt.learner.backends.bucket_elements`; DeepSpeed's default 5·10⁸ would be allocated whole for any
+model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
+(tests/planning/test_deepspeed_peak.py)::
 
     weights         b·P                 (ZeRO-3: b·part + b·(largest module + prefetch bucket) gathered)
     reference       b·P when algorithm.kl_coef > 0 or algorithm.track_kl (a frozen full copy, cast to the
@@ -17,13 +20,24 @@ part = ⌈P / N⌉ (a ZeRO partition)::
     optimizer       AdamW's two moments: torch 2·b·P (in the parameters' dtype); DeepSpeed 8·P (ZeRO 0),
                     8·part (ZeRO ≥ 1)
     master_weights  DeepSpeed only: fp32 copy 4·P (ZeRO 0 with bf16), 4·part (ZeRO ≥ 1); torch keeps none
-    gradients       torch b·P; DeepSpeed ZeRO 0/1 b·P; ZeRO 2/3 b·part + b·min(reduce bucket 5e8, P)
+    grad_buffers    DeepSpeed with a 16-bit model (fp32 accumulation), allocated at start-up and held
+                    through both phases: ZeRO-1 4·P (BF16_Optimizer's fp32 sum, full size on every rank);
+                    ZeRO-3 b·B + 4·part (its reduce bucket and fp32 gradient partitions); else 0
+    gradients       torch and DeepSpeed ZeRO 0: b·P. 16-bit DeepSpeed: ZeRO-1 b·P (the bf16 .grad tensors,
+                    until the step); ZeRO-2 4·part (the fp32 partition, from the first reduction to the
+                    step, where it is the optimizer's gradient); ZeRO-3 0 (resident). fp32 DeepSpeed
+                    ZeRO 2/3: b·part + b·B
+    reduce_bucket   16-bit ZeRO-2: b·B, from each backward's first gradient hook to its end (counted with
+                    the two backward peaks, not at the step); ZeRO-3's reduce-scatter temporaries in
+                    the backward (up to (b + 4)·B) are not modelled: unmeasured as a peak
     loop_gradients  b·(L·P_layer + d·[final norm]) when T > 1: every shared-block parameter is used by
                     each loop step, and autograd sums its T contributions in a buffer of its size from
                     the backward of loop T to that of loop 1, beside the gradients already accumulated
-    step_workspace  at the optimizer step (activations are freed by then): DeepSpeed's fp32 gradients
-                    (4·P ZeRO 0 with bf16, 4·part ZeRO ≥ 1) + AdamW's foreach temporaries (one moment
-                    of the local parameters on CUDA; two copies of the largest tensor on CPU)
+    step_workspace  at the optimizer step (activations are freed by then): AdamW's temporaries (CUDA:
+                    foreach, one moment of the local parameters; CPU: two copies of the largest tensor
+                    it is handed — DeepSpeed ZeRO ≥ 1 hands it one flat fp32 partition, 8·part) +
+                    16-bit ZeRO-3's flattened fp32 copy of its gradient partitions (4·part) or fp32
+                    ZeRO ≥ 1's fp32 gradient partition (4·part)
     runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB)
 
 Every other figure is allocated bytes (what ``torch.cuda.memory_allocated`` counts). What the
@@ -35,10 +49,10 @@ Activations and the log-prob workspace: `rltt.planning.activations`; rollout KV,
 workspace: `rltt.planning.rollout_memory`. Phases::
 
     rollout = resident + rollout_kv + rollout_state + rollout_workspace + vllm_woken
-    learner = resident + gradients + max(activations + logits_workspace,          (the LM head's backward)
-                                         held + loop_gradients,                    (loop T's backward done)
-                                         step_workspace)                           (the optimizer step)
-    resident = runtime + weights + reference + engine_copy + vllm + optimizer + master_weights
+    learner = resident + gradients + max(activations + logits_workspace + reduce_bucket,  (the LM head's backward)
+                                         held + loop_gradients + reduce_bucket,            (loop T's backward done)
+                                         step_workspace)                                   (the optimizer step)
+    resident = runtime + weights + reference + engine_copy + vllm + optimizer + master_weights + grad_buffers
 
 (held: the activations still held after loop T's backward, `rltt.planning.activations.held_after_last_loop`.)
 
@@ -49,17 +63,17 @@ are 0.
 
 from __future__ import annotations
 
+from rltt.learner.backends import bucket_elements
 from rltt.planning import activations as act
 from rltt.planning.engine_memory import GIB, ROLLOUT, engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 
 RUNTIME = {"cuda": GIB, "cpu": GIB // 2}  # the CUDA context and library workspaces, or the CPU process
-DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
-RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights")
-LEARNER = ("gradients", "loop_gradients", "activations", "logits_workspace", "step_workspace")
+RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights", "grad_buffers")
+LEARNER = ("gradients", "reduce_bucket", "loop_gradients", "activations", "logits_workspace", "step_workspace")
 ORDER = RESIDENT + ROLLOUT + LEARNER
 
 
@@ -76,6 +90,11 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         optimizer, master = 8 * P, 4 * P * (s.train_bytes == 2)
     else:
         optimizer, master = 8 * part, 4 * part
+    grad_buffers = 0  # allocated when DeepSpeed starts and held through both phases (fp32 accumulation)
+    if _bf16_deepspeed(s) and s.zero_stage == 1:  # BF16_Optimizer's fp32 sum, full size on every rank
+        grad_buffers = 4 * P
+    elif _bf16_deepspeed(s) and s.zero_stage == 3:  # the bf16 reduce bucket and the fp32 gradient partitions
+        grad_buffers = b * bucket_elements(P) + 4 * part
     engine = engine_memory(s.engine).resident(shape, s, device_bytes)
     return {
         "runtime": RUNTIME[s.device],
@@ -85,7 +104,13 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         "vllm": engine["vllm"],
         "optimizer": optimizer,
         "master_weights": master,
+        "grad_buffers": grad_buffers,
     }
+
+
+def _bf16_deepspeed(s: RunSettings) -> bool:
+    """DeepSpeed with a 16-bit model: fp32 gradient accumulation (`rltt.learner.backends.deepspeed_config`)."""
+    return s.backend == "deepspeed" and s.train_bytes == 2
 
 
 def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
@@ -93,26 +118,38 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     part = -(-P // s.gpus)
     ds = s.backend == "deepspeed"
     local = part if ds and s.zero_stage >= 1 else P
-    if ds and s.zero_stage >= 2:
-        gradients = b * part + b * min(DS_REDUCE_BUCKET, P)
+    bucket = b * bucket_elements(P)  # rltt asks for min(DeepSpeed's default, P) elements
+    reduce_bucket, step_grads = 0, 0
+    if _bf16_deepspeed(s) and s.zero_stage == 1:  # BF16_Optimizer: bf16 .grad until the step (its fp32 sum: resident)
+        gradients = b * P
+    elif _bf16_deepspeed(s) and s.zero_stage == 2:  # the fp32 partition, the optimizer's own gradient at the step
+        gradients, reduce_bucket = 4 * part, bucket  # the bf16 bucket: from each backward's first hook to its end
+    elif _bf16_deepspeed(s) and s.zero_stage == 3:  # bucket and fp32 partitions are resident; the step
+        gradients, step_grads = 0, 4 * part  # flattens the partitions into a second fp32 copy
+    elif ds and s.zero_stage >= 2:  # an fp32 model (not re-measured)
+        gradients = b * part + bucket
     else:
         gradients = b * P
-    fp32_grads = 0
-    if ds:  # a 16-bit model accumulates in fp32 (rltt.learner.backends.deepspeed_config): ZeRO-1's BF16
-        # optimizer in a full-size fp32 buffer on every rank, ZeRO-2/3 in fp32 gradient partitions
-        fp32_grads = 4 * P if s.zero_stage == 1 and b == 2 else 4 * part if s.zero_stage >= 1 else 4 * P * (b == 2)
+    if ds and b == 4 and s.zero_stage >= 1:  # an fp32 model: DeepSpeed's fp32 gradient partition at the step
+        step_grads = 4 * part
     moment_bytes = 4 if ds else b
-    foreach = moment_bytes * local if s.device == "cuda" else 2 * moment_bytes * shape.largest_module_parameters
+    if s.device == "cuda":  # AdamW's foreach temporaries: one moment of the local parameters
+        foreach = moment_bytes * local
+    elif ds and s.zero_stage >= 1:  # CPU: single-tensor AdamW on DeepSpeed's flat fp32 partition
+        foreach = 2 * 4 * part
+    else:  # CPU: two copies of the largest tensor
+        foreach = 2 * moment_bytes * shape.largest_module_parameters
     positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)
     impl = "triton" if s.device == "cuda" else "chunked"
     shared = shape.layers * shape.layer_parameters() + shape.hidden * shape.final_norm
     return {
         "gradients": gradients,
+        "reduce_bucket": reduce_bucket,
         "loop_gradients": b * shared if shape.loops > 1 else 0,
         "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys,
                                             fp32_readout=s.fp32_head),
         "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
-        "step_workspace": fp32_grads + foreach,
+        "step_workspace": step_grads + foreach,
     }
 
 
@@ -136,6 +173,6 @@ def phases(components: dict[str, int], held: int | None = None) -> dict[str, int
     base = sum(c[k] for k in RESIDENT)
     return {
         "rollout": base + sum(c[k] for k in ROLLOUT),
-        "learner": base + c["gradients"] + max(c["activations"] + c["logits_workspace"], held + c["loop_gradients"],
-                                               c["step_workspace"]),
+        "learner": base + c["gradients"] + max(c["activations"] + c["logits_workspace"] + c["reduce_bucket"],
+                                               held + c["loop_gradients"] + c["reduce_bucket"], c["step_workspace"]),
     }
