@@ -108,15 +108,16 @@ class PassExecutor:
             cached.restep(steps[0], self.cache)
             return cached
         device = self.device
-        counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)], device=device)
-        n_items = int(counts.sum())
+        sizes = [e - s + 1 for s, e in zip(starts, ends)]
+        counts = torch.tensor(sizes, device=device)
+        n_items = sum(sizes)  # known on the host: no sync
         rows_t = torch.tensor(rows, device=device)
         steps_t = torch.tensor(steps, device=device)
         last = torch.cumsum(counts, 0) - 1
         if n_items == len(rows):
             item_rows, item_steps, item_pos = rows_t, steps_t, torch.tensor(ends, device=device)
         else:
-            owner = torch.repeat_interleave(torch.arange(len(rows), device=device), counts)
+            owner = torch.repeat_interleave(torch.arange(len(rows), device=device), counts, output_size=n_items)
             item_rows, item_steps = rows_t[owner], steps_t[owner]
             item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
                 + torch.tensor(starts, device=device)[owner]

@@ -79,7 +79,7 @@ def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list
             query_pos = ends_t[:, None]  # (m, 1)
         else:
             counts_t = torch.tensor(g_counts, device=device)
-            slot_row = torch.repeat_interleave(torch.arange(len(entries), device=device), counts_t)
+            slot_row = torch.repeat_interleave(torch.arange(len(entries), device=device), counts_t, output_size=n)
             first = torch.cumsum(counts_t, 0) - counts_t
             slot_col = torch.arange(n, device=device) - first[slot_row]
             query_pos = torch.zeros(len(entries), width, dtype=torch.long, device=device)  # padding → key 0

@@ -28,7 +28,7 @@ from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, S
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.params import SamplingParams, stop_token_set
-from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample
+from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample, truncates
 from rltt.rollout.scheduler import Scheduler
 
 
@@ -172,8 +172,10 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     cap = [params.max_new_tokens] * num_rows  # each row's completion cap (a thinking budget's rule changes it)
     schedule = Schedule(params.schedule, replayable=True)
     schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
-    entries = sum(p.entries() for p in schedule.passes)
+    # the prefill's entries from its host-side records (`PassRecord.entries` reads a tensor sum)
+    entries = sum(e - s + 1 for p in schedule.passes for _, s, e, _ in p.work.tolist())
     known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
+    truncating = truncates(params, cfg.vocab_size)  # else every floor is NO_FLOOR
     while sched.any_active():
         rows, starts, ends, steps = sched.plan()
         h, _, last = executor.run(rows, starts, ends, steps)
@@ -196,7 +198,7 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
             uniforms = None if params.greedy else \
                 random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
             tokens, floors = sample(logits, params, uniforms)
-            raw, tempered = logprobs_of(logits, tokens, params.temperature, floors)
+            raw, tempered = logprobs_of(logits, tokens, params.temperature, floors if truncating else None)
             positions = [ends[i] + 1 for i in chosen]
             executor.write_tokens(exit_rows, positions, tokens)
             # .tolist() of fp32 values gives exact Python floats: the sampler's bits

@@ -72,6 +72,7 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         seq = batch.sequence(r)
         executor.tokens[r - first, : len(seq)] = torch.tensor(seq)
     temperature = batch.params.temperature
+    truncated = bool((batch.kept_floor[first:end] >= 0).any())  # else no floor to apply (logprobs_of)
     for record in passes:
         rows, starts, ends, steps = record.work.T.tolist()
         if first:
@@ -89,7 +90,7 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
         targets = executor.tokens[exit_rows, positions]
         columns = positions.cpu() - batch.prompt_lengths[record.exits]
-        floors = batch.kept_floor[record.exits, columns].to(executor.device)
+        floors = batch.kept_floor[record.exits, columns].to(executor.device) if truncated else None
         lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
         raw[record.exits, columns] = lp_raw.cpu()
         tempered[record.exits, columns] = lp_tempered.cpu()

@@ -171,14 +171,17 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
     raw: ``log_softmax(logits)``, the model's distribution; tempered: the distribution the token
     was drawn from — ``log_softmax(logits / temperature)`` renormalised over the kept set of
     top-k/top-p (``floor`` (k,), `kept_floor`; None or `NO_FLOOR` rows: the whole vocabulary).
-    Greedy (temperature 0): tempered = raw."""
+    Greedy (temperature 0): tempered = raw.
+
+    No host-device sync: a ``floor`` is applied as given (`kept_scores` leaves `NO_FLOOR` rows'
+    scores as they are, so their log-probs have the same bits as without it); pass None when
+    nothing can be truncated."""
     index = tokens[:, None]
     raw = torch.log_softmax(logits, dim=-1).gather(1, index)[:, 0]
-    truncated = floor is not None and bool((floor >= 0).any())
-    if temperature == 0 or (temperature == 1 and not truncated):
+    if temperature == 0 or (temperature == 1 and floor is None):
         return raw, raw.clone()
     scores = logits / temperature if temperature != 1 else logits
-    if truncated:
+    if floor is not None:
         scores = kept_scores(scores, floor)
     tempered = torch.log_softmax(scores, dim=-1).gather(1, index)[:, 0]
     return raw, tempered

@@ -1,5 +1,6 @@
 """The host-work counter (rltt.rollout.host_work): operators per (layer · pass), syncs per pass."""
 
+import pytest
 import torch
 
 from rltt.rollout import NativeEngine, SamplingParams
@@ -29,3 +30,15 @@ def test_rollout_host_work_matches_the_unprofiled_call():
     summary = work.summary()
     assert work.passes == batch.stats.passes and work.layers == 2
     assert summary["operators_per_layer_pass"] > summary["launches_per_layer_pass"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)])
+def test_native_passes_call_no_item_nonzero_or_masked_select(schedule, sampling):
+    """No operator of a rollout reads a device value on the host (``.item()``, ``bool(t)``,
+    ``nonzero``, boolean-mask indexing): a property of the code, not a timing. (The exits' and
+    tokens' ``.tolist()`` dispatch no operator on CPU and are not counted.)"""
+    engine = NativeEngine(tiny_model())
+    params = SamplingParams(max_new_tokens=6, n=2, exit_policy="sample", schedule=schedule, seed=4, **sampling)
+    _, work = rollout_host_work(engine, prompts([3, 7, 1]), params)
+    assert work.passes > 0 and work.syncs == 0, work.sync_sites
