@@ -30,6 +30,12 @@ class StepKVCache:
         shape = (num_loops, num_rows, num_kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # views made once, not per layer and pass: (T·R·Hkv·max_len, D) rows for the writes and
+        # (T·R, Hkv, max_len, D) slots for the gathers
+        self.key_rows = [k.view(-1, head_dim) for k in self.keys]
+        self.value_rows = [v.view(-1, head_dim) for v in self.values]
+        self.key_slots = [k.flatten(0, 1) for k in self.keys]
+        self.value_slots = [v.flatten(0, 1) for v in self.values]
         self.num_rows = num_rows
 
 
@@ -127,24 +133,25 @@ class GroupedAttend:
         return (base[:, None] + heads[None, :] * L).reshape(-1)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        head_dim = k.shape[-1]
-        keys.view(-1, head_dim).index_copy_(0, self.write_rows, k[:, :, 0].reshape(-1, head_dim))
-        values.view(-1, head_dim).index_copy_(0, self.write_rows, v[:, :, 0].reshape(-1, head_dim))
+        cache = self.cache
+        keys = cache.keys[layer_idx]
         n_items, num_heads, _, head_dim = q.shape
         num_kv = k.shape[1]
         n_rep = num_heads // num_kv
-        flat_keys, flat_values = keys.flatten(0, 1), values.flatten(0, 1)  # (T·R, Hkv, max_len, D) views
+        # one position per item: (N, H, 1, D) read as (N·H, D) rows, head-major per item
+        cache.key_rows[layer_idx].index_copy_(0, self.write_rows, k.reshape(-1, head_dim))
+        cache.value_rows[layer_idx].index_copy_(0, self.write_rows, v.reshape(-1, head_dim))
+        q_items = q.view(n_items, num_heads, head_dim)
         outs = []
         for g in self.groups:
             if g.step_view is not None:
                 g_keys = keys[g.step_view - 1, :, :, : g.key_len]
-                g_values = values[g.step_view - 1, :, :, : g.key_len]
+                g_values = cache.values[layer_idx][g.step_view - 1, :, :, : g.key_len]
             else:
-                g_keys = flat_keys[:, :, : g.key_len].index_select(0, g.slots)
-                g_values = flat_values[:, :, : g.key_len].index_select(0, g.slots)
+                g_keys = cache.key_slots[layer_idx][:, :, : g.key_len].index_select(0, g.slots)
+                g_values = cache.value_slots[layer_idx][:, :, : g.key_len].index_select(0, g.slots)
             m = g.slots.shape[0]
-            g_q = q[:, :, 0] if g.items is None else q[:, :, 0].index_select(0, g.items)  # (n, Hq, D)
+            g_q = q_items if g.items is None else q_items.index_select(0, g.items)  # (n, Hq, D)
             if g.pad_rows is not None:
                 m = keys.shape[1]
                 g_q = g_q.new_zeros(m, num_heads, head_dim).index_copy_(0, g.pad_rows, g_q)
@@ -153,10 +160,12 @@ class GroupedAttend:
             else:
                 padded = g_q.new_zeros(m, g.width, num_heads, head_dim)
                 padded[g.slot_row, g.slot_col] = g_q
-                g_q = padded.view(m, g.width, num_kv, n_rep, head_dim).permute(0, 2, 3, 1, 4)
-            g_q = g_q.reshape(m, num_kv, n_rep * g.width, head_dim)
+                g_q = padded.view(m, g.width, num_kv, n_rep, head_dim).permute(0, 2, 3, 1, 4).reshape(
+                    m, num_kv, n_rep * g.width, head_dim)
             out = F.scaled_dot_product_attention(g_q, g_keys, g_values, attn_mask=g.mask, scale=self.scale)
             if g.width == 1:
+                if g.items is None and g.pad_rows is None and len(self.groups) == 1:
+                    return out.reshape(n_items, num_heads, 1, head_dim)  # every item: (N, Hq, 1, D)
                 out = out.reshape(m, num_heads, head_dim)
                 if g.pad_rows is not None:
                     out = out.index_select(0, g.pad_rows)
