@@ -116,6 +116,15 @@ def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list
     return groups
 
 
+def _step_slot(cache: torch.Tensor, step: int, key_len: int) -> torch.Tensor:
+    """``cache[step − 1, :, :, :key_len]`` of a (T, R, Hkv, max_len, D) cache tensor: the same view
+    (sizes, strides, offset) made by one ``as_strided`` instead of a select and a slice."""
+    _, rows, heads, _, head_dim = cache.shape
+    stride = cache.stride()
+    return cache.as_strided((rows, heads, key_len, head_dim), stride[1:],
+                            cache.storage_offset() + (step - 1) * stride[0])
+
+
 class GroupedAttend:
     """``attend(q, k, v, layer)`` for one pass: items are rows of q/k/v (N, H, 1, D)."""
 
@@ -144,9 +153,9 @@ class GroupedAttend:
         q_items = q.view(n_items, num_heads, head_dim)
         outs = []
         for g in self.groups:
-            if g.step_view is not None:
-                g_keys = keys[g.step_view - 1, :, :, : g.key_len]
-                g_values = cache.values[layer_idx][g.step_view - 1, :, :, : g.key_len]
+            if g.step_view is not None:  # keys[step − 1, :, :, :key_len] as one view operator, not two
+                g_keys = _step_slot(keys, g.step_view, g.key_len)
+                g_values = _step_slot(cache.values[layer_idx], g.step_view, g.key_len)
             else:
                 g_keys = cache.key_slots[layer_idx][:, :, : g.key_len].index_select(0, g.slots)
                 g_values = cache.value_slots[layer_idx][:, :, : g.key_len].index_select(0, g.slots)
