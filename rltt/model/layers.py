@@ -159,6 +159,14 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: Step = 1):
         """Project x (B, S, d) to rotary-embedded q (B, Hq, S, D) and k, v (B, Hkv, S, D)."""
         b, s, _ = x.shape
+        if s == 1:  # one position (decode, a rollout pass): (B, 1, H, D) viewed as (B, H, 1, D) holds the
+            # same elements in the same order, so the heads come without the three transposes
+            q = self.q_proj(x, step).view(b, -1, 1, self.head_dim)
+            k = self.k_proj(x, step).view(b, -1, 1, self.head_dim)
+            v = self.v_proj(x, step).view(b, -1, 1, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
         q = self.q_proj(x, step).view(b, s, -1, self.head_dim)
         k = self.k_proj(x, step).view(b, s, -1, self.head_dim)
         v = self.v_proj(x, step).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -171,7 +179,8 @@ class Attention(nn.Module):
                 step: Step = 1) -> torch.Tensor:
         q, k, v = self.qkv(x, cos, sin, step)
         out = attend(q, k, v, self.layer_idx)  # (B, Hq, S, D)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1).contiguous()
+        # (B, S, Hq·D); at S = 1 the transpose moves no element
+        out = (out if x.shape[1] == 1 else out.transpose(1, 2)).reshape(x.shape[0], x.shape[1], -1).contiguous()
         return self.o_proj(out, step)
 
 
