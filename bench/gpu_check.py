@@ -84,7 +84,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("deepspeed", "ray", "vllm")
 SECTIONS = ("imports", "kernels", "rollouts", "learner", "plan", "deepspeed", "vllm", "smoke")
-GIB = 1024 ** 3
+GIB = 1024 ** 3  # rltt.telemetry.schema.GIB's value: this script imports rltt only inside its sections (a failed import is a figure)
 
 # Ouro-1.4B's config.json (the fields rltt's importer reads); random weights.
 OURO_1_4B = dict(model_type="ouro", vocab_size=49152, hidden_size=2048, intermediate_size=5632,
