@@ -983,16 +983,22 @@ def section_deepspeed(ctx: Context, sec: SectionResult, deadline: Deadline) -> N
         result = json.loads(result_file.read_text()) if result_file.exists() else None
     if result is None:
         raise RuntimeError(f"bench/gpu_check_deepspeed.py exited with {code} before writing its figures")
+    if _take_worker_result(sec, "deepspeed", result) and code:
+        sec.failures.append(f"bench/gpu_check_deepspeed.py exited with {code}")
+
+
+def _take_worker_result(sec: SectionResult, section: str, result: dict) -> bool:
+    """A section worker's result file as this section's: ``absent`` with its note (False), or its
+    figures, failures and skipped sub-steps (True)."""
     if "absent" in result:
         sec.absent = result["absent"]
-        print(f"[gpu_check] deepspeed: {sec.absent}", flush=True)
-        return
+        print(f"[gpu_check] {section}: {sec.absent}", flush=True)
+        return False
     for f in result["figures"]:
         sec.add(f["name"], f["value"], f["unit"], f["setting"])
     sec.failures += result["failures"]
-    sec.skipped += result["skipped"]
-    if code:
-        sec.failures.append(f"bench/gpu_check_deepspeed.py exited with {code}")
+    sec.skipped += result.get("skipped", [])
+    return True
 
 
 # -- vLLM ---------------------------------------------------------------------------------------------
@@ -1009,13 +1015,7 @@ def section_vllm(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
         if proc.returncode or not result_file.exists():
             raise RuntimeError(f"bench/gpu_check_vllm.py exited with {proc.returncode}: {proc.stderr[-1500:]}")
         result = json.loads(result_file.read_text())
-    if "absent" in result:
-        sec.absent = result["absent"]
-        print(f"[gpu_check] vllm: {sec.absent}", flush=True)
-        return
-    for f in result["figures"]:
-        sec.add(f["name"], f["value"], f["unit"], f["setting"])
-    sec.failures += result["failures"]
+    _take_worker_result(sec, "vllm", result)
 
 
 # -- output -------------------------------------------------------------------------------------------
