@@ -173,9 +173,11 @@ def held_after_last_loop(shape: ModelShape, b: int, positions: int, scored: int,
 
 
 def logits_workspace_bytes(shape: ModelShape, b: int, weight_bytes: int, positions: int, scored: int,
-                           impl: str) -> int:
+                           impl: str, kept_bytes: int = 4) -> int:
     """Peak extra bytes of the per-loop log-prob kernels' backward (``impl``: triton | chunked),
-    plus the gradient of the stacked per-step states (module docstring)."""
+    plus the gradient of the stacked per-step states (module docstring). ``kept_bytes`` < 4: a
+    truncated 16-bit rollout, whose kept set the chunked kernel decides on a rounded copy of the
+    chunk's logits (the 16-bit cast and its fp32 copy); Triton rounds in registers."""
     d, V = shape.hidden, shape.vocab
     rows = shape.loops * scored
     chunk = default_chunk_size(rows, V)
@@ -185,5 +187,5 @@ def logits_workspace_bytes(shape: ModelShape, b: int, weight_bytes: int, positio
     else:
         wide = b != 4
         kernel = (2 * rows * chunk * 4 + rows * d * 4 + rows * d * 4 * wide + chunk * d * 4 * (weight_bytes != 4)
-                  + grad_w + rows * d * b * wide)
+                  + grad_w + rows * d * b * wide + rows * chunk * (kept_bytes + 4) * (kept_bytes != 4))
     return kernel + shape.loops * positions * d * b

@@ -148,7 +148,8 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
         "loop_gradients": b * shared if shape.loops > 1 else 0,
         "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys,
                                             fp32_readout=s.fp32_head),
-        "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl),
+        "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl,
+                                                       kept_bytes=s.engine_bytes if s.truncates else 4),
         "step_workspace": step_grads + foreach,
     }
 

@@ -106,6 +106,11 @@ class RunSettings:
         """The engines sample in ``learner.dtype`` (`rltt.orchestration.components.engine_dtype`)."""
         return DTYPE_BYTES[self.learner_dtype]
 
+    @property
+    def truncates(self) -> bool:
+        """Whether rollouts sample from a top-p / top-k kept set (which the learner then scores)."""
+        return self.top_p < 1.0 or self.top_k > 0
+
     # -- batch geometry ------------------------------------------------------------------------
     @property
     def sequence_tokens(self) -> int:

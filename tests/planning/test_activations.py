@@ -184,3 +184,18 @@ def test_logits_workspace_holds_the_head_gradient_and_not_the_logits():
     head_grad = shape.vocab * shape.hidden * 2
     all_logits = shape.loops * 4096 * shape.vocab * 4
     assert head_grad < work < all_logits / 4
+
+
+def test_a_truncated_16_bit_rollout_adds_the_chunked_kernels_rounded_logits():
+    """The chunked kernel decides a 16-bit rollout's kept set on the chunk's logits cast to 16 bits
+    and back to fp32 (both alive at the cast); the Triton kernel rounds in registers."""
+    from rltt.kernels._common import default_chunk_size
+
+    shape = model_shape(OURO_1_4B)
+    rows = shape.loops * 4096
+    chunk = default_chunk_size(rows, shape.vocab)
+    plain = logits_workspace_bytes(shape, 4, 4, positions=8192, scored=4096, impl="chunked")
+    rounded = logits_workspace_bytes(shape, 4, 4, positions=8192, scored=4096, impl="chunked", kept_bytes=2)
+    assert rounded - plain == rows * chunk * (2 + 4)
+    assert logits_workspace_bytes(shape, 4, 4, positions=8192, scored=4096, impl="triton", kept_bytes=2) == \
+        logits_workspace_bytes(shape, 4, 4, positions=8192, scored=4096, impl="triton")
