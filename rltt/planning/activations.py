@@ -79,6 +79,7 @@ c = `default_chunk_size`\\ (M, V), weight V×d in b_w bytes; the backward is the
     triton (CUDA):  g buffer M·c·b + grad_h M·d·4 + grad_W V·d·b_w + grad_h cast M·d·b
     chunked (CPU):  logits and p 2·M·c·4 + grad_h M·d·4 + fp32 h M·d·4·[b ≠ 4] + fp32 weight chunk
                     c·d·4·[b_w ≠ 4] + grad_W V·d·b_w + grad_h cast M·d·b·[b ≠ 4]
+                    + rounded logits M·c·(b_k + 4) under a truncated rollout in b_k = 2 bytes
 
 plus the gradient of the stacked per-step states flowing back, T·n·d·b.
 """
