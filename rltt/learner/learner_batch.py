@@ -22,6 +22,10 @@ class LearnerBatch:
     exit (`RolloutBatch.exit_logprobs`), the exit half of the joint log-prob of
     ``algorithm.exit_action`` (docs/design.md §5.12).
 
+    ``versions`` the weights version that sampled each target token (-1 elsewhere; None: not
+    recorded): a partial rollout's rows mix versions, and the per-token staleness is the learner's
+    version minus it (``orchestration.partial_rollouts``, docs/async.md).
+
     ``head_dtype`` is not carried here: it is the learner's setting (`LearnerConfig.lm_head_dtype`).
     """
 
@@ -37,6 +41,7 @@ class LearnerBatch:
     temperature: float = 1.0
     kept_floor: torch.Tensor | None = None  # (B, S) long; -1 = the whole vocabulary (None: all -1)
     kept_dtype: torch.dtype | None = None  # the sampler's logits' dtype when it took the kept sets (None: fp32)
+    versions: torch.Tensor | None = None  # (B, S) long: the weights version of each target token (-1 elsewhere)
 
     @property
     def size(self) -> int:
@@ -70,13 +75,17 @@ class LearnerBatch:
         sampler[row, pos] = rollout.tempered_logprobs[keep].float()
         sampler_exit = torch.zeros(ids.shape, dtype=torch.float32)
         sampler_exit[row, pos] = rollout.exit_logprobs[keep].float()
+        versions = None
+        if rollout.versions is not None:
+            versions = torch.full(ids.shape, -1, dtype=torch.long)
+            versions[row, pos] = rollout.versions[keep].long()
         floors = None
         if rollout.kept_floor is not None and bool((rollout.kept_floor[keep] >= 0).any()):
             floors = torch.full(ids.shape, -1, dtype=torch.long)
             floors[row, pos] = rollout.kept_floor[keep]
         return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
                    advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
-                   sampler_exit_logprobs=sampler_exit,
+                   sampler_exit_logprobs=sampler_exit, versions=versions,
                    temperature=rollout.params.temperature, kept_floor=floors,
                    kept_dtype=None if floors is None else rollout.dtype)
 
@@ -84,12 +93,15 @@ class LearnerBatch:
     def cat(cls, batches: list["LearnerBatch"], pad_id: int = 0) -> "LearnerBatch":
         """The rows of ``batches`` in order, right-padded to the widest (padding as `from_rollout`)."""
         width = max(b.input_ids.shape[1] for b in batches)
-        fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1,
+        fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1, "versions": -1,
                 "sampler_logprobs": 0.0, "sampler_exit_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0,
                 "kept_floor": -1}
         out = {}
         for f in fields(cls):
             values = [getattr(b, f.name) for b in batches]
+            if f.name == "versions" and any(v is not None for v in values):  # a batch without: not recorded
+                values = [torch.full(b.input_ids.shape, -1, dtype=torch.long) if v is None else v
+                          for b, v in zip(batches, values)]
             if f.name == "kept_floor" and any(v is not None for v in values):  # a batch without: no truncation
                 values = [torch.full(b.input_ids.shape, -1, dtype=torch.long) if v is None else v
                           for b, v in zip(batches, values)]

@@ -244,6 +244,10 @@ class RolloutBatch:
       (`rltt.model.exits.exit_logprob`; only λ_1..λ_{t*} enter), 0 on padding and forced tokens —
       the exit half of the action (t*, y) (docs/design.md §5.12). Computed from ``gate_probs`` when
       not given.
+    - ``versions`` (R, C) int64: the weights version that sampled each completion token (-1 on
+      padding); rows of a partial rollout (``orchestration.partial_rollouts``) mix versions, each
+      token's log-probs being those of the policy that sampled it. None: not recorded (one call,
+      one version).
     - ``finish_reasons``: ``"stop"`` (stop token or string) or ``"length"`` (max_new_tokens or
       the model's max_position_embeddings) per row.
     - ``schedule``: the pass record (see the module docstring); ``params``: the sampling
@@ -275,6 +279,7 @@ class RolloutBatch:
     forced_mask: torch.Tensor | None = None
     kept_floor: torch.Tensor | None = None
     exit_logprobs: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.forced_mask is None:
