@@ -22,6 +22,11 @@ class LearnerBatch:
     exit (`RolloutBatch.exit_logprobs`), the exit half of the joint log-prob of
     ``algorithm.exit_action`` (docs/design.md §5.12).
 
+    ``env_mask`` (B, S) bool marks the tokens the environment wrote in a multi-turn episode (tool
+    results, user messages; `RolloutBatch.env_mask`): attended to like the prompt, never targets —
+    no loss, ratio, KL or mismatch, and not counted by any loss aggregation. None: none (a
+    single-turn batch). A batch whose ``target_mask`` marks an environment token is an error.
+
     ``versions`` the weights version that sampled each target token (-1 elsewhere; None: not
     recorded): a partial rollout's rows mix versions, and the per-token staleness is the learner's
     version minus it (``orchestration.partial_rollouts``, docs/async.md).
@@ -42,6 +47,12 @@ class LearnerBatch:
     kept_floor: torch.Tensor | None = None  # (B, S) long; -1 = the whole vocabulary (None: all -1)
     kept_dtype: torch.dtype | None = None  # the sampler's logits' dtype when it took the kept sets (None: fp32)
     versions: torch.Tensor | None = None  # (B, S) long: the weights version of each target token (-1 elsewhere)
+    env_mask: torch.Tensor | None = None  # (B, S) bool: environment-written tokens (never targets; None: none)
+
+    def __post_init__(self) -> None:
+        if self.env_mask is not None and bool((self.env_mask.bool() & self.target_mask.bool()).any()):
+            raise ValueError("LearnerBatch: target_mask marks environment tokens (env_mask); only the model's "
+                             "sampled tokens are targets")
 
     @property
     def size(self) -> int:
@@ -61,7 +72,8 @@ class LearnerBatch:
         (`RolloutBatch.padded_sequences`), the completion tokens marked, with their recorded exit
         steps and the sampler's tempered log-probs at their positions. Forced tokens
         (``rollout.forced_mask``) are input like the prompt, never targets: no policy loss, KL,
-        entropy or log-prob mismatch on them."""
+        entropy or log-prob mismatch on them; so are environment tokens (``rollout.env_mask``),
+        marked in ``env_mask``."""
         ids, attention, start = rollout.padded_sequences()
         rows, width = rollout.completion_ids.shape
         keep = rollout.action_mask
@@ -83,11 +95,17 @@ class LearnerBatch:
         if rollout.kept_floor is not None and bool((rollout.kept_floor[keep] >= 0).any()):
             floors = torch.full(ids.shape, -1, dtype=torch.long)
             floors[row, pos] = rollout.kept_floor[keep]
+        env = None
+        if bool(rollout.env_mask.any()):
+            written = rollout.completion_mask & rollout.env_mask
+            env = torch.zeros(ids.shape, dtype=torch.bool)
+            env[torch.arange(rows)[:, None].expand(rows, width)[written],
+                (start[:, None] + torch.arange(width)[None, :])[written]] = True
         return cls(input_ids=ids, attention_mask=attention, target_mask=target, exit_steps=exits,
                    advantages=None if advantages is None else advantages.float(), sampler_logprobs=sampler,
                    sampler_exit_logprobs=sampler_exit, versions=versions,
                    temperature=rollout.params.temperature, kept_floor=floors,
-                   kept_dtype=None if floors is None else rollout.dtype)
+                   kept_dtype=None if floors is None else rollout.dtype, env_mask=env)
 
     @classmethod
     def cat(cls, batches: list["LearnerBatch"], pad_id: int = 0) -> "LearnerBatch":
@@ -95,7 +113,7 @@ class LearnerBatch:
         width = max(b.input_ids.shape[1] for b in batches)
         fill = {"input_ids": pad_id, "attention_mask": 0, "target_mask": False, "exit_steps": 1, "versions": -1,
                 "sampler_logprobs": 0.0, "sampler_exit_logprobs": 0.0, "old_logprobs": 0.0, "ref_logprobs": 0.0,
-                "kept_floor": -1}
+                "kept_floor": -1, "env_mask": False}
         out = {}
         for f in fields(cls):
             values = [getattr(b, f.name) for b in batches]
@@ -104,6 +122,9 @@ class LearnerBatch:
                           for b, v in zip(batches, values)]
             if f.name == "kept_floor" and any(v is not None for v in values):  # a batch without: no truncation
                 values = [torch.full(b.input_ids.shape, -1, dtype=torch.long) if v is None else v
+                          for b, v in zip(batches, values)]
+            if f.name == "env_mask" and any(v is not None for v in values):  # a batch without: no env tokens
+                values = [torch.zeros(b.input_ids.shape, dtype=torch.bool) if v is None else v
                           for b, v in zip(batches, values)]
             if f.name in fill and values[0] is not None:
                 out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill[f.name])

@@ -257,6 +257,10 @@ class RolloutBatch:
       them, never policy actions. Their ``logprobs``/``tempered_logprobs`` are 0, ``exit_steps``
       0 (no exit was decided) and ``gate_probs`` those of the state before them, as computed.
       All False when nothing was forced (the default).
+    - ``env_mask`` (R, C) bool: completion tokens the *environment* wrote in a multi-turn episode
+      (tool results, user messages; `rltt.orchestration.episodes`): context the model attends to
+      at its next turn, never policy actions — ``logprobs``/``tempered_logprobs`` 0, ``exit_steps``
+      0, ``gate_probs`` NaN. All False for a single-turn rollout (the default).
     """
 
     prompts: list[list[int]]
@@ -279,11 +283,14 @@ class RolloutBatch:
     forced_mask: torch.Tensor | None = None
     kept_floor: torch.Tensor | None = None
     exit_logprobs: torch.Tensor | None = None
+    env_mask: torch.Tensor | None = None
     versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.forced_mask is None:
             self.forced_mask = torch.zeros(self.completion_ids.shape, dtype=torch.bool)
+        if self.env_mask is None:
+            self.env_mask = torch.zeros(self.completion_ids.shape, dtype=torch.bool)
         if self.kept_floor is None:
             self.kept_floor = torch.full(self.completion_ids.shape, -1, dtype=torch.long)
         if self.exit_logprobs is None:
@@ -291,8 +298,9 @@ class RolloutBatch:
 
     @property
     def action_mask(self) -> torch.Tensor:
-        """(R, C) bool: the sampled completion tokens (the policy's actions): completion, not forced."""
-        return self.completion_mask & ~self.forced_mask
+        """(R, C) bool: the sampled completion tokens (the policy's actions): completion, neither
+        forced nor written by the environment."""
+        return self.completion_mask & ~self.forced_mask & ~self.env_mask
 
     @property
     def num_rows(self) -> int:
