@@ -24,6 +24,7 @@ LAYERS = [
     "rollout",       # the engine interface and the native engine
     "data",          # prompts, datasets, rewards
     "sections",      # recipe sections every family shares
+    "environments",  # multi-turn environments, their tools and the tool sandbox
     "vllm",          # the vLLM engine and rltt's model inside vLLM
     "learner",       # the RL learner and its backends
     "lm_training",   # pretraining and dense-to-loop conversion
