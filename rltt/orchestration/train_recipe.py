@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+from rltt.environments.env_section import EnvSection
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
@@ -215,6 +216,7 @@ class TrainRecipe:
     data: PromptDataSection = field(default_factory=PromptDataSection)
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    env: EnvSection = field(default_factory=EnvSection)  # multi-turn episodes (docs/environments.md)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: RLTrainSection = field(default_factory=RLTrainSection)
@@ -227,6 +229,7 @@ class TrainRecipe:
         if not self.rewards:
             raise recipe_error("rewards", "needs at least one reward function")
         check_exit_policy("rollout.exit_policy", self.rollout.exit_policy, self.model.known_num_loops())
+        self.env.check_rollout(self.rollout, self.orchestration)
         check_exit_policy("train.eval_exit_policy", self.train.eval_exit_policy, self.model.known_num_loops())
         kind = (self.rollout.exit_policy or "").partition(":")[0]
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability

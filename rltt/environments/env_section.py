@@ -1,0 +1,73 @@
+"""The ``env:`` recipe section: which environment runs a multi-turn episode and its limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from rltt.config import PositiveFloat, PositiveInt, Range, recipe_error
+from rltt.environments.registry import ENVIRONMENTS
+from rltt.environments.tools import MIN_MEMORY_MB, MIN_OUTPUT_CHARS, TOOL_CALL_END, ToolLimits
+
+#: ``env.name`` without an environment: every row is one completion, the single-turn step
+NO_ENV = "none"
+
+
+@dataclass
+class ToolLimitsSection:
+    """``env.limits``: what one tool call may use (`rltt.environments.tools.ToolLimits`):
+    wall-clock ``timeout_s``, ``cpu_s`` of CPU time, ``memory_mb`` of address space, and the
+    ``output_chars`` of its output the model is shown."""
+
+    timeout_s: PositiveFloat = 5.0
+    cpu_s: PositiveFloat = 5.0
+    memory_mb: Annotated[int, Range(ge=MIN_MEMORY_MB, why="the interpreter itself needs that much")] = 512
+    output_chars: Annotated[int, Range(ge=MIN_OUTPUT_CHARS, why="room for the truncation marker")] = 1024
+
+    def tool_limits(self) -> ToolLimits:
+        return ToolLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                          output_chars=self.output_chars)
+
+
+@dataclass
+class EnvSection:
+    """``env.name``: ``none`` (single-turn: the model answers once) or a key of the environment
+    table (``tools``: a model turn may call one of ``env.tools``; the episode ends at a turn
+    without a call). ``max_turns``: model turns per episode; ``max_tokens``: the episode's
+    completion budget, model and environment tokens together (each model turn is further capped
+    by ``rollout.max_new_tokens``); an episode that runs out of either ends *truncated*.
+    ``stop_strings``: where a model turn ends besides EOS (default the tool-call close tag ``</tool>``).
+    ``limits``: per tool call."""
+
+    name: Literal[(NO_ENV, *ENVIRONMENTS)] = NO_ENV  # type: ignore[valid-type]  # the environment table's names
+    tools: list[str] = field(default_factory=lambda: ["python"])
+    max_turns: Annotated[int, Range(ge=1, le=64)] = 4
+    max_tokens: PositiveInt = 512
+    stop_strings: list[str] = field(default_factory=lambda: [TOOL_CALL_END])
+    limits: ToolLimitsSection = field(default_factory=ToolLimitsSection)
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != NO_ENV
+
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        if any(not s for s in self.stop_strings):
+            raise recipe_error("env.stop_strings", "must be non-empty strings")
+        ENVIRONMENTS[self.name].check_section(self)
+
+    def check_rollout(self, rollout, orchestration) -> None:
+        """What the episode loop needs of the other sections (called from the train recipe)."""
+        if not self.enabled:
+            return
+        if rollout.max_new_tokens > self.max_tokens:
+            raise recipe_error("rollout.max_new_tokens", f"a model turn's cap must be <= env.max_tokens="
+                                                         f"{self.max_tokens} (the whole episode's), got "
+                                                         f"{rollout.max_new_tokens}")
+        if rollout.thinking.budget:
+            raise recipe_error("rollout.thinking.budget", f"must be 0 with env.name={self.name} (a thinking "
+                                                          f"budget is per completion, an episode has several turns)")
+        if orchestration.backend != "local":
+            raise recipe_error("orchestration.backend", f"env.name={self.name} runs episodes with the local "
+                                                        f"orchestration only, got {orchestration.backend!r}")

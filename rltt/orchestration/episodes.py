@@ -1,0 +1,284 @@
+"""Multi-turn episodes around any rollout engine: model turns, environment answers, one batch.
+
+`run_episodes` samples every row's first turn with one `RolloutEngine.generate` call (the
+prompts, ``n`` rows each, as a single-turn step would), hands each turn's text to the
+environment (`rltt.environments.Environment.step`) and, where it answers, appends the answer's
+tokens to the row and samples the row's next turn on *prompt + history* — the rows still going
+in one call per turn, each its own prompt with ``n = 1``. The engine recomputes the history as
+prompt positions at every turn (vLLM's prefix cache reuses the KV it has; the native engine
+re-prefills the history: docs/environments.md).
+
+The episode is one `RolloutBatch` row: the completion is the model's turns and the
+environment's answers in order, ``env_mask`` marking the environment's tokens. A model token
+keeps exactly what its turn recorded (exit step, raw and tempered log-probs, kept-set floor,
+gates, exit log-prob), and the history it was sampled after is exactly the episode's tokens
+before it (the environment's text is tokenized once and appended as ids, never re-tokenized
+with its neighbours), so the learner, scoring the whole episode as one sequence, scores the
+tokens the sampler drew in the context they were drawn in.
+
+Limits: ``max_turns`` model turns; ``max_tokens`` completion tokens (model and environment
+together). A turn is sampled with the longest budget left among its rows and a row's tokens past
+its own budget are cut off afterwards — the kept tokens are a prefix of what was sampled, with
+their own records. An episode ends *truncated* (finish reason ``length``) when a turn stops at
+a length cap, its budget leaves no room for the environment's answer and one more token, or the
+last allowed turn still called a tool. A crash of the environment (an exception out of
+``step``) ends that episode with a counted error (scored 0), never the run; tool calls run
+isolated under their own limits (`rltt.environments.tools`).
+
+Seeds: turn 1 is the engine call with the step's ``params`` (``prompt_seeds``); row r's turn k > 1
+draws from `turn_seed` (its prompt's seed, its sample index, k), so a row's episode depends on
+neither its batch-mates nor on when the others end.
+
+`replay_episode` re-executes every turn's recorded passes (native engine) and lays the
+log-probs out as the episode's: at the rollout's weights it equals the episode's record bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rltt.environments import Environment
+from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
+from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
+from rltt.rollout.rollout_batch import RolloutStats, Schedule
+
+__all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode", "turn_seed"]
+
+
+def turn_seed(seed: int, sample: int, turn: int) -> int:
+    """The sampling seed of turn ``turn`` (2, 3, ...) of sample ``sample`` of a prompt whose
+    first turn drew from ``seed``: a 63-bit hash of the three."""
+    digest = hashlib.blake2b(f"{seed}:{sample}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class TurnRecord:
+    """One engine call of an episode batch: its `RolloutBatch` (row i's prompt is its episode's
+    prompt + history), the episode row of each of its rows, the episode completion column of each
+    row's first token, and how many of each row's tokens the episode kept (a prefix)."""
+
+    batch: RolloutBatch
+    rows: list[int]
+    columns: list[int]
+    kept: list[int]
+
+
+@dataclass
+class _Episode:
+    """One episode while it runs: its completion so far, token by token."""
+
+    ids: list[int] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    tempered: list[float] = field(default_factory=list)
+    floors: list[int] = field(default_factory=list)
+    exit_lp: list[float] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
+    env: list[bool] = field(default_factory=list)
+    gates: list[torch.Tensor] = field(default_factory=list)  # (T, k) per piece
+    turns: list[str] = field(default_factory=list)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    truncated: bool = False
+    error: str | None = None
+
+    def add_model(self, batch: RolloutBatch, i: int, keep: int) -> None:
+        self.ids += batch.completion_ids[i, :keep].tolist()
+        self.exits += batch.exit_steps[i, :keep].tolist()
+        self.raw += batch.logprobs[i, :keep].tolist()  # fp32 -> float -> fp32 is exact
+        self.tempered += batch.tempered_logprobs[i, :keep].tolist()
+        self.floors += batch.kept_floor[i, :keep].tolist()
+        self.exit_lp += batch.exit_logprobs[i, :keep].tolist()
+        self.forced += batch.forced_mask[i, :keep].tolist()
+        self.env += [False] * keep
+        self.gates.append(batch.gate_probs[:, i, :keep].float())
+
+    def add_env(self, ids: Sequence[int], num_loops: int) -> None:
+        k = len(ids)
+        self.ids += list(ids)
+        self.exits += [0] * k
+        self.raw += [0.0] * k
+        self.tempered += [0.0] * k
+        self.floors += [-1] * k
+        self.exit_lp += [0.0] * k
+        self.forced += [False] * k
+        self.env += [True] * k
+        self.gates.append(torch.full((num_loops, k), float("nan")))
+
+
+@dataclass
+class EpisodeBatch:
+    """The episodes of one call: ``rollout`` (one row per episode, `RolloutBatch.env_mask` on the
+    environment's tokens), ``answers`` (per row, the text the rewards score), per-row counts
+    ``turns``, ``tool_calls``, ``tool_errors`` (long) and ``truncated`` (bool), ``errors`` (row ->
+    message of an environment crash; that row scores 0) and, when kept, ``turns_record`` (the
+    engine calls, for `replay_episode`)."""
+
+    rollout: RolloutBatch
+    answers: list[str]
+    turns: torch.Tensor
+    tool_calls: torch.Tensor
+    tool_errors: torch.Tensor
+    truncated: torch.Tensor
+    errors: dict[int, str]
+    turns_record: list[TurnRecord] | None = None
+
+    def failed(self) -> torch.Tensor:
+        """(R,) bool: the episodes an environment crash ended."""
+        out = torch.zeros(self.rollout.num_rows, dtype=torch.bool)
+        out[list(self.errors)] = True
+        return out
+
+
+def _step(env: Environment, state: Any, text: str):
+    """The environment's reply, or the message of the exception it raised."""
+    try:
+        return env.step(state, text), None
+    except Exception as exc:  # noqa: BLE001 - one episode fails, the run goes on
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).splitlines())}"[:500]
+
+
+def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, env: Environment,
+                 tasks: Sequence[Any], encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str],
+                 max_turns: int, max_tokens: int, keep_turns: bool = False) -> EpisodeBatch:
+    """Run ``params.n`` episodes per prompt (``tasks[i]``: prompt i's data row, for
+    `Environment.start`) and return them as one `EpisodeBatch` (rows prompt-major, as a single-turn
+    rollout's). ``keep_turns``: keep every engine call's batch (for `replay_episode`)."""
+    stops = list(params.stop_strings) + [s for s in env.stop_strings if s not in params.stop_strings]
+    base = replace(params, stop_strings=stops, decoder=params.decoder or decode,
+                   max_new_tokens=min(params.max_new_tokens, max_tokens))
+    n = params.n
+    first = engine.generate(prompts, base)
+    T = first.num_loops
+    R = first.num_rows
+    seeds = ([first.params.prompt_seeds[r // n] for r in range(R)] if first.params.prompt_seeds is not None
+             else [first.params.seed] * R)
+    episodes = [_Episode() for _ in range(R)]
+    states: list[Any] = [None] * R
+    for r in range(R):
+        try:
+            states[r] = env.start(tasks[r // n])
+        except Exception as exc:  # noqa: BLE001 - the episode fails before its first turn is read
+            episodes[r].error = f"{type(exc).__name__}: {exc}"[:500]
+    records: list[TurnRecord] = []
+    calls: list[tuple[RolloutBatch, list[int]]] = [(first, list(range(R)))]  # each call and its episode rows
+    batch, rows = first, list(range(R))
+    for turn in range(1, max_turns + 1):
+        record = TurnRecord(batch, list(rows), [len(episodes[r].ids) for r in rows], [])
+        going = []
+        for i, r in enumerate(rows):
+            ep = episodes[r]
+            sampled = int(batch.completion_lengths[i])
+            keep = min(sampled, max_tokens - len(ep.ids))
+            record.kept.append(keep)
+            ep.add_model(batch, i, keep)
+            text = decode(batch.completion_ids[i, :keep].tolist())
+            ep.turns.append(text)
+            if ep.error is not None:
+                continue
+            if keep < sampled or batch.finish_reasons[i] == "length":
+                ep.truncated = True
+                continue
+            reply, error = _step(env, states[r], text)
+            if error is not None:
+                ep.error = error
+                continue
+            if reply.done:
+                continue
+            ep.tool_calls += int(reply.tool_call)
+            ep.tool_errors += int(reply.tool_error)
+            answer = list(encode(reply.text))
+            if turn == max_turns or len(ep.ids) + len(answer) >= max_tokens:
+                ep.truncated = True  # no turn left to read the answer, or no room for it and one more token
+                continue
+            ep.add_env(answer, T)
+            going.append(r)
+        records.append(record)
+        if not going:
+            break
+        cap = min(params.max_new_tokens, max(max_tokens - len(episodes[r].ids) for r in going))
+        call = replace(base, n=1, seed=None, max_new_tokens=cap,
+                       prompt_seeds=[turn_seed(seeds[r], r % n, turn + 1) for r in going])
+        batch, rows = engine.generate([list(prompts[r // n]) + episodes[r].ids for r in going], call), going
+        calls.append((batch, rows))
+    rollout = _episode_rollout(first, calls, episodes, replace(first.params, max_new_tokens=max_tokens),
+                               list(prompts))
+    return EpisodeBatch(
+        rollout=rollout, answers=[env.answer(ep.turns) for ep in episodes],
+        turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
+        tool_calls=torch.tensor([ep.tool_calls for ep in episodes], dtype=torch.long),
+        tool_errors=torch.tensor([ep.tool_errors for ep in episodes], dtype=torch.long),
+        truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+        errors={r: ep.error for r, ep in enumerate(episodes) if ep.error is not None},
+        turns_record=records if keep_turns else None)
+
+
+def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[int]]], episodes: list[_Episode],
+                     params: SamplingParams, prompts: list[list[int]]) -> RolloutBatch:
+    """The episodes as one `RolloutBatch` (completion = every turn and answer in order)."""
+    R, T = len(episodes), first.num_loops
+    width = max(1, max(len(ep.ids) for ep in episodes))
+    ids = torch.full((R, width), first.pad_id, dtype=torch.long)
+    exits = torch.zeros((R, width), dtype=torch.long)
+    raw = torch.zeros((R, width), dtype=torch.float32)
+    tempered = torch.zeros((R, width), dtype=torch.float32)
+    floors = torch.full((R, width), -1, dtype=torch.long)
+    exit_lp = torch.zeros((R, width), dtype=torch.float32)
+    forced = torch.zeros((R, width), dtype=torch.bool)
+    env = torch.zeros((R, width), dtype=torch.bool)
+    gates = torch.full((T, R, width), float("nan"))
+    for r, ep in enumerate(episodes):
+        k = len(ep.ids)
+        if not k:
+            continue
+        ids[r, :k] = torch.tensor(ep.ids)
+        exits[r, :k] = torch.tensor(ep.exits)
+        raw[r, :k] = torch.tensor(ep.raw, dtype=torch.float32)
+        tempered[r, :k] = torch.tensor(ep.tempered, dtype=torch.float32)
+        floors[r, :k] = torch.tensor(ep.floors)
+        exit_lp[r, :k] = torch.tensor(ep.exit_lp, dtype=torch.float32)
+        forced[r, :k] = torch.tensor(ep.forced)
+        env[r, :k] = torch.tensor(ep.env)
+        gates[:, r, :k] = torch.cat(ep.gates, dim=1)
+    lengths = torch.tensor([len(ep.ids) for ep in episodes], dtype=torch.long)
+    row_passes = None
+    if all(c.stats.row_passes is not None for c, _ in calls):  # a row's serial passes: every call it was in
+        row_passes = torch.zeros(R, dtype=first.stats.row_passes.dtype)
+        for call, rows in calls:
+            row_passes[torch.tensor(rows, dtype=torch.long)] += call.stats.row_passes
+    done = [c.stats for c, _ in calls]  # the calls ran one after another
+    stats = RolloutStats(passes=sum(s.passes for s in done), row_passes=row_passes,
+                         entries_computed=sum(s.entries_computed for s in done),
+                         entries_pending=sum(s.entries_pending for s in done),
+                         tokens=sum(s.tokens for s in done), wall_time=sum(s.wall_time for s in done))
+    return RolloutBatch(
+        prompts=prompts, prompt_index=first.prompt_index.clone(), prompt_lengths=first.prompt_lengths.clone(),
+        completion_ids=ids, completion_lengths=lengths, completion_mask=torch.arange(width)[None, :] < lengths[:, None],
+        exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
+        finish_reasons=["length" if ep.truncated else "stop" for ep in episodes],
+        schedule=Schedule(first.schedule.kind, [], replayable=False), params=params, stats=stats,
+        num_loops=T, dtype=first.dtype, pad_id=first.pad_id, forced_mask=forced, kept_floor=floors,
+        exit_logprobs=exit_lp, env_mask=env)
+
+
+def replay_episode(model, episodes: EpisodeBatch) -> ReplayLogprobs:
+    """Every turn's recorded passes re-executed (`replay_logprobs`, native rollouts) and laid out as
+    the episode's: raw, tempered and exit log-probs on the model's tokens, 0 on the environment's
+    and on padding. Needs the turns kept (``run_episodes(..., keep_turns=True)``)."""
+    if episodes.turns_record is None:
+        raise ValueError("replay_episode: the episodes were run without keep_turns=True")
+    shape = episodes.rollout.logprobs.shape
+    raw, tempered, exit_lp = (torch.zeros(shape, dtype=torch.float32) for _ in range(3))
+    for record in episodes.turns_record:
+        replayed = replay_logprobs(model, record.batch)
+        for i, (r, column, keep) in enumerate(zip(record.rows, record.columns, record.kept)):
+            raw[r, column:column + keep] = replayed.logprobs[i, :keep]
+            tempered[r, column:column + keep] = replayed.tempered_logprobs[i, :keep]
+            exit_lp[r, column:column + keep] = replayed.exit_logprobs[i, :keep]
+    return ReplayLogprobs(raw, tempered, exit_lp)
