@@ -13,16 +13,23 @@ Inside the child, before the code runs (`_CHILD`, in this order):
 2. network: ``unshare(CLONE_NEWUSER | CLONE_NEWNET)`` puts the process in an empty network
    namespace (no interface but a down loopback) when the kernel permits it — a kernel boundary;
 3. the process asks the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``);
-4. resource limits: ``RLIMIT_CPU`` (soft = ``ceil(cpu_s)``, hard one second later),
+4. Landlock (Linux >= 5.13, when enabled): the kernel lets the process open files only in the
+   scratch folder (any access), the interpreter's library folders and system libraries (read)
+   and ``/dev/null``; nothing can be executed; TCP bind/connect are refused (Landlock ABI >= 4);
+   signals and abstract unix sockets cannot reach any process outside (ABI >= 6) — kernel
+   boundaries, with ``no_new_privs`` set;
+5. resource limits: ``RLIMIT_CPU`` (soft = ``ceil(cpu_s)``, hard one second later),
    ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (largest file it may write),
-   ``RLIMIT_NPROC`` = 0 (no new processes or threads; not enforced for a process holding
-   ``CAP_SYS_RESOURCE`` in the initial user namespace, i.e. root without step 2),
+   ``RLIMIT_NPROC`` = 0 (no new processes or threads; the kernel does not apply it to uid 0),
    ``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` = 0;
-5. an audit hook (`sys.addaudithook`) refuses sockets, ctypes, new processes, signals to other
+6. an audit hook (`sys.addaudithook`) refuses sockets, ctypes, new processes, signals to other
    processes, changing limits, writes outside the scratch folder and reads outside it and the
-   interpreter's own library folders. The hook is a guard against the usual ways code touches
-   these things, **not a security boundary**: C code reached without an audit event (or a bug in
-   the interpreter) gets past it.
+   interpreter's own library folders, and records each refusal so the call counts as
+   ``forbidden`` even when the code catches the error. The hook is a guard that names what was
+   refused, **not a security boundary**: C code reached without an audit event (or a bug in
+   the interpreter) gets past it; steps 2 and 4 are what the kernel enforces.
+
+`isolation()` says which layers apply on the machine at hand.
 
 The parent reads stdout and stderr (one pipe, so they interleave as on a terminal) into a
 bounded head/tail buffer while it waits, kills the whole process group at the wall-clock
@@ -73,7 +80,7 @@ _CHILD = r'''
 import os, sys
 def _main():
     status_fd, cpu_s, memory_mb, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
-    scratch, want_netns, hook_on = sys.argv[6], sys.argv[7] == "1", sys.argv[8] == "1"
+    scratch, want_netns, want_landlock, hook_on = sys.argv[6], *(a == "1" for a in sys.argv[7:10])
     code = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -100,6 +107,7 @@ def _main():
     libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     if os.getppid() == 1:
         os._exit(70)
+    landlock = _landlock(ctypes, libc, scratch) if want_landlock else 0
     for name in ("ctypes", "_ctypes", "ctypes._endian"):
         sys.modules.pop(name, None)
     del ctypes, libc
@@ -120,7 +128,7 @@ def _main():
         _install_hook(scratch, violations)
 
     def report(kind, message=""):
-        status.write(repr((kind, message, network, violations[:1])))
+        status.write(repr((kind, message, network, violations[:1], landlock)))
         status.flush()
 
     import _ast
@@ -134,8 +142,6 @@ def _main():
         import traceback
         sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
         return report("syntax", f"{type(exc).__name__}: {exc}")
-    import linecache
-    linecache.cache["<tool>"] = (len(code), None, code.splitlines(True), "<tool>")
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(body, scope)
@@ -153,6 +159,8 @@ def _main():
         return report("exit", f"exit status {code_}")
     except BaseException as exc:
         try:
+            import linecache  # the traceback shows the code's lines
+            linecache.cache["<tool>"] = (len(code), None, code.splitlines(True), "<tool>")
             sys.stderr.write(_format_exception(exc))
         except BaseException:
             sys.stderr.write(f"{type(exc).__name__}\n")
@@ -162,6 +170,50 @@ def _main():
             return report("memory", "MemoryError")
         return report("exception", f"{type(exc).__name__}: {exc}"[:200])
     report("ok")
+
+
+def _landlock(ctypes, libc, scratch):
+    """Landlock (Linux >= 5.13): from here on the kernel lets this process open files only in
+    the scratch folder (any access), the interpreter's library folders and system libraries
+    (read), and a few devices; TCP bind/connect are refused (ABI >= 4); signals and abstract
+    unix sockets cannot reach processes outside (ABI >= 6). Returns the ABI applied, 0 if none."""
+    import struct, stat
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    abi = syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return 0
+    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    file_rights = (1 | 2 | 4 | (1 << 14) | (1 << 15)) & fs  # execute, write, read, truncate, ioctl
+    read = 4 | 8  # READ_FILE | READ_DIR
+    fields = [fs] + ([3] if abi >= 4 else []) + ([3] if abi >= 6 else [])  # TCP bind+connect; signal+unix scopes
+    attr = struct.pack(f"{len(fields)}Q", *fields)
+    ruleset = syscall(444, ctypes.create_string_buffer(attr, len(attr)), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+    roots = [p for p in sys.path if p] + ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
+                                          "/usr/share/zoneinfo", "/etc/ld.so.cache", "/etc/localtime",
+                                          "/dev/zero", "/dev/urandom", "/dev/random"]
+    rules = [(scratch, fs), ("/dev/null", 2 | 4)] + [(p, read) for p in roots]
+    try:
+        for path, access in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    access &= file_rights
+                rule = struct.pack("=Qi", access, fd)  # struct landlock_path_beneath_attr (packed)
+                if syscall(445, ruleset, 1, ctypes.create_string_buffer(rule, len(rule)), 0) != 0:
+                    return 0
+            finally:
+                os.close(fd)
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or syscall(446, ruleset, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return 0
+        return abi
+    finally:
+        os.close(ruleset)
 
 
 def _format_exception(exc):
@@ -309,6 +361,7 @@ class SandboxRun:
     seconds: float
     exit_code: int | None = None   # the process's status (negative: the signal that ended it)
     network: str = "unknown"        # "namespace": it ran in an empty network namespace; "none": it did not
+    landlock: int = 0               # the Landlock ABI that confined it (0: none)
 
 
 # -- output capture ---------------------------------------------------------------------------
@@ -453,7 +506,7 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
     flags = ["-I", "-B", "-X", "utf8"] + ([] if site_packages else ["-S"])
     args = [sys.executable, *flags, "-c", _CHILD, str(status_w), str(cpu_limit), str(int(memory_mb)),
             str(FILE_SIZE_MB), str(OPEN_FILES), scratch, "1" if network_namespaces() else "0",
-            "1" if audit_hook else "0"]
+            "1" if landlock_abi() else "0", "1" if audit_hook else "0"]
     try:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 pass_fds=(status_w,), cwd=scratch, env=_child_env(scratch),
@@ -506,8 +559,8 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
     kind, message = _classify(proc.returncode, status, timed_out, usage.ru_utime + usage.ru_stime,
                               (timeout_s, cpu_s, memory_mb))
     output = _finish(capture, "", kind, message, output_chars)
-    network = status[2] if status is not None else "unknown"
-    return SandboxRun(output, kind, time.monotonic() - start, proc.returncode, network)
+    network, landlock = (status[2], status[4]) if status is not None else ("unknown", 0)
+    return SandboxRun(output, kind, time.monotonic() - start, proc.returncode, network, landlock)
 
 
 def _parse_status(data: bytes) -> tuple | None:
@@ -515,23 +568,43 @@ def _parse_status(data: bytes) -> tuple | None:
         value = ast.literal_eval(data.decode("utf-8", "replace"))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
-    if (isinstance(value, tuple) and len(value) == 4 and all(isinstance(v, str) for v in value[:3])
-            and isinstance(value[3], list)):
+    if (isinstance(value, tuple) and len(value) == 5 and all(isinstance(v, str) for v in value[:3])
+            and isinstance(value[3], list) and isinstance(value[4], int)):
         return value
     return None
 
 
+_PROBE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+abi = max(0, libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+netns = libc.unshare(0x10000000 | 0x40000000) == 0
+print(int(netns), abi)
+"""
+
+
 @lru_cache(maxsize=None)
-def network_namespaces() -> bool:
-    """Whether this kernel lets an unprivileged process enter a new user and network namespace
-    (probed once per process, in a throw-away child)."""
-    probe = ("import ctypes, os, sys\n"
-             "sys.exit(0 if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) == 0 else 1)")
+def _probe() -> tuple[bool, int]:
+    """(network namespaces permitted, Landlock ABI) of this kernel for an unprivileged process,
+    probed once per process in a throw-away child."""
     try:
-        return subprocess.run([sys.executable, "-I", "-S", "-c", probe], timeout=30, env=_child_env("/"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE], timeout=30, env=_child_env("/"),
+                             capture_output=True, text=True)
+        netns, abi = out.stdout.split()
+        return netns == "1", int(abi)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return False, 0
+
+
+def network_namespaces() -> bool:
+    """Whether a sandboxed call can run in a new user and network namespace here."""
+    return _probe()[0]
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers (0: none, or not on Linux)."""
+    return _probe()[1]
 
 
 def isolation() -> dict[str, bool]:
@@ -540,6 +613,7 @@ def isolation() -> dict[str, bool]:
         "process": True,
         "resource_limits": True,
         "network_namespace": network_namespaces(),
+        "landlock": landlock_abi() > 0,
         "nproc_limit": os.getuid() != 0,  # the kernel exempts uid 0 from RLIMIT_NPROC, user namespace or not
         "audit_hook": True,
     }

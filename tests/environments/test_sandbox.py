@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from rltt.environments.sandbox import ERRORS, SandboxRun, isolation, network_namespaces, run_python, truncate
+from rltt.environments.sandbox import (
+    ERRORS, SandboxRun, isolation, landlock_abi, network_namespaces, run_python, truncate,
+)
 
 
 def ok_after():
@@ -125,8 +127,9 @@ def test_sockets_are_refused(code):
 
 @pytest.mark.skipif(not network_namespaces(), reason="this kernel refuses unprivileged network namespaces")
 def test_without_the_audit_hook_the_network_namespace_still_has_no_route():
-    code = ("import socket\ns = socket.socket()\ns.settimeout(2)\n"
-            "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\nexcept OSError as e:\n    print(e.errno)")
+    # UDP: Landlock (when present) governs TCP only, so this reaches the namespace's routing
+    code = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "try:\n    s.sendto(b'x', ('1.1.1.1', 53))\n    print('sent')\nexcept OSError as e:\n    print(e.errno)")
     run = run_python(code, _audit_hook=False)
     assert run.network == "namespace"
     assert run.error is None and run.output.strip() in {"101", "113"}  # ENETUNREACH / EHOSTUNREACH
@@ -222,3 +225,30 @@ def test_isolation_reports_the_layers():
     layers = isolation()
     assert layers["process"] and layers["resource_limits"] and layers["audit_hook"]
     assert layers["network_namespace"] == network_namespaces()
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+@pytest.mark.parametrize("code, needs_abi", [
+    ("open({outside!r}, 'w').write('x')", 1),
+    ("print(open({secret!r}).read())", 1),
+    ("import os\nos.execv('/bin/true', ['true'])", 1),
+    ("import socket\nsocket.socket().connect(('127.0.0.1', 9))", 4),
+    ("import os\nos.kill(os.getppid(), 0)", 6),
+])
+def test_without_the_audit_hook_the_kernel_still_refuses(tmp_path, code, needs_abi):
+    if landlock_abi() < needs_abi:
+        pytest.skip(f"needs Landlock ABI {needs_abi}")
+    outside, secret = tmp_path / "written.txt", tmp_path / "secret.txt"
+    secret.write_text("the answer is 42")
+    run = run_python(code.format(outside=str(outside), secret=str(secret)), _audit_hook=False)
+    assert run.landlock == landlock_abi()
+    assert run.error == "exception" and "PermissionError" in run.output, run
+    assert not outside.exists() and "42" not in run.output
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+def test_without_the_audit_hook_the_scratch_folder_and_the_library_still_work():
+    code = ("import json, zlib, decimal, os\nopen('a.txt', 'w').write(json.dumps([zlib.crc32(b'a')]))\n"
+            "os.mkdir('d')\nos.rename('a.txt', 'd/b.txt')\nprint(open('d/b.txt').read())")
+    run = run_python(code, _audit_hook=False)
+    assert (run.error, run.output) == (None, "[3904355907]\n")

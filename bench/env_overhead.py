@@ -1,0 +1,98 @@
+"""What the tools' isolation costs per call, against the same work done in-process.
+
+    python bench/env_overhead.py                 # 40 calls of each (about 15 s on 2 CPU cores)
+    python bench/env_overhead.py --calls 200
+
+Measured in one process, interleaved call by call so a change in the machine's load hits every
+row alike; medians over ``--calls`` calls, wall clock (the tools' limits are wall-clock limits):
+
+- python tool: ``run_tool("python", CODE)`` — a fresh sandboxed interpreter per call
+  (rltt/environments/sandbox.py) — against ``exec`` of the same code in this process with its
+  stdout captured; the bare start of the same interpreter (``python -I -S -c pass``) says how
+  much of the overhead is process start-up and how much the sandbox's own set-up;
+- calculator: ``run_tool("calculator", EXPR)`` (ast whitelist, exact, bounded; in-process)
+  against ``eval`` of the same expression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rltt.environments.sandbox import isolation  # noqa: E402
+from rltt.environments.tools import ToolLimits, run_tool  # noqa: E402
+
+PY_CODE = "x = sum(i * i for i in range(100))\nprint(x)"
+CALC_EXPR = "123456789123456789 * 987654321987654321 + 1/3"
+CALC_EVAL = "123456789123456789 * 987654321987654321 + __import__('fractions').Fraction(1, 3)"
+
+
+def _in_process(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<bench>", "exec"), {"__name__": "__main__"})
+    return out.getvalue()
+
+
+def _bare_start() -> None:
+    subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=40)
+    args = parser.parse_args(argv)
+    limits = ToolLimits()
+
+    sandboxed = run_tool("python", PY_CODE, limits)
+    assert sandboxed.error is None and sandboxed.output == _in_process(PY_CODE), sandboxed
+    calc = run_tool("calculator", CALC_EXPR, limits)
+    assert calc.error is None and calc.output.split(" ≈ ")[0] == str(eval(CALC_EVAL)), calc  # noqa: S307
+
+    rows = {"python tool (sandboxed)": lambda: run_tool("python", PY_CODE, limits),
+            "python in-process (exec)": lambda: _in_process(PY_CODE),
+            "bare interpreter start (-I -S -c pass)": _bare_start,
+            "calculator tool": lambda: run_tool("calculator", CALC_EXPR, limits),
+            "calculator in-process (eval)": lambda: eval(CALC_EVAL)}  # noqa: S307
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    load_before = os.getloadavg()
+    for _ in range(args.calls):
+        for name, fn in rows.items():
+            times[name].append(_timed(fn))
+    load_after = os.getloadavg()
+    med = {name: statistics.median(values) for name, values in times.items()}
+
+    print(f"# {args.calls} calls each, interleaved; wall-clock medians; python {sys.version.split()[0]}; "
+          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(f"# isolation layers: {', '.join(k for k, v in isolation().items() if v)}")
+    print("| call | median ms | p10–p90 ms |")
+    print("|---|---:|---:|")
+    for name, values in times.items():
+        q = statistics.quantiles(values, n=10)
+        print(f"| {name} | {med[name]:.3f} | {q[0]:.3f}–{q[-1]:.3f} |")
+    py_over = med["python tool (sandboxed)"] - med["python in-process (exec)"]
+    setup = med["python tool (sandboxed)"] - med["bare interpreter start (-I -S -c pass)"]
+    calc_over = med["calculator tool"] - med["calculator in-process (eval)"]
+    print(f"\npython tool: isolation overhead {py_over:.1f} ms per call (of it the interpreter's start "
+          f"{med['bare interpreter start (-I -S -c pass)']:.1f} ms, the sandbox's set-up and the rest {setup:.1f} ms)")
+    print(f"calculator: overhead {calc_over * 1e3:.0f} µs per call against eval "
+          f"({med['calculator tool'] / max(med['calculator in-process (eval)'], 1e-9):.1f}× eval)")
+
+
+if __name__ == "__main__":
+    main()
