@@ -14,12 +14,14 @@ HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic eval problems come from another se
 
 @dataclass
 class Task:
-    """One prompt: ``id``, the rendered ``prompt`` text, its token ids and the reference ``answer``."""
+    """One prompt: ``id``, the rendered ``prompt`` text, its token ids and the reference ``answer``;
+    ``index``: its position in the `PromptStream` that handed it out (-1: not from a stream)."""
 
     id: str
     prompt: str
     prompt_ids: list[int]
     answer: str
+    index: int = -1
 
 
 def load_records(source: str, split: str = "train", limit: int | None = None, seed: int = 0,
@@ -120,6 +122,7 @@ class PromptStream:
         tasks = []
         while len(tasks) < n:
             task = make_task(self._record(self.position), self.encode, self.template)
+            task.index = self.position
             if self.records is not None or self.prompt_limit.keep(task, self.position):  # files: checked up front
                 tasks.append(task)
             self.position += 1

@@ -116,6 +116,13 @@ GRAD_CLIP_KEYS = (("learner", "grad_clip"), ("optim", "grad_clip"))
 FINITE_KEYS = (schema.LOSS_TOTAL, schema.LOSS_POLICY, schema.LM_LOSS, schema.GRAD_NORM_TOTAL,
                schema.KL_REF, schema.REWARD_MEAN)
 
+#: Learner waiting (Ray orchestration): median orchestration/learner_idle_frac over the late
+#: window above this — the learner waits for rollouts more than half of each step.
+LEARNER_IDLE_MAX = 0.5
+#: Rows dropped (orchestration.partial_rollouts): over the late window, dropped rows /
+#: (dropped + trained rows) above this — most of the sampling is thrown away.
+DROPPED_ROWS_MAX = 0.5
+
 #: Sampler–learner mismatch: mismatch/max_abs above this ...
 MISMATCH_MAX_ABS_MAX = 1e-2
 #: ... or mismatch/k3 above this ...
@@ -787,6 +794,47 @@ def check_entropy_collapse(run: RunData) -> Diagnosis | None:
         detail=f"Entropy fell from {early:.3g} (first steps) to {late:.3g} nats/token.")
 
 
+def check_learner_waiting(run: RunData) -> Diagnosis | None:
+    """The learner (a Ray run's learner group) ran no update for more than half of each step: it
+    waits for rollouts."""
+    steps, idle = run.series(schema.ORCH_LEARNER_IDLE_FRAC)
+    if len(idle) < MIN_POINTS:
+        return None
+    ws, wi = late_window(steps, idle)
+    med = float(np.median(wi))
+    if med <= LEARNER_IDLE_MAX:
+        return None
+    return Diagnosis(
+        "learner_waiting", Severity.WARNING, "The learner waits for rollouts most of the time",
+        (Evidence(schema.ORCH_LEARNER_IDLE_FRAC, _span(ws), "median", med, ">", LEARNER_IDLE_MAX),),
+        "sample ahead of the learner: raise orchestration.max_staleness (K steps sampled while the learner "
+        "updates); for long-tail completion lengths set orchestration.partial_rollouts: true so a long row no "
+        "longer holds its step back; or add rollout workers (orchestration.ray.rollout_workers)",
+        detail=f"The learner ran no update for {med:.0%} of a step's wall time (median).")
+
+
+def check_rows_dropped(run: RunData) -> Diagnosis | None:
+    """Partial rollouts drop most rows: their groups fell more than max_staleness versions behind."""
+    steps, dropped = run.series(schema.ORCH_DROPPED_ROWS)
+    if len(dropped) < MIN_POINTS:
+        return None
+    ws, wd = late_window(steps, dropped)
+    s_steps, rows = run.series(schema.ROLLOUT_SEQUENCES)
+    trained = float(rows[np.isin(s_steps, ws)].sum())
+    total = float(wd.sum()) + trained
+    frac = float(wd.sum()) / total if total > 0 else 0.0
+    if frac <= DROPPED_ROWS_MAX:
+        return None
+    return Diagnosis(
+        "rows_dropped", Severity.WARNING, "Most sampled rows are dropped as too stale",
+        (Evidence(schema.ORCH_DROPPED_ROWS, _span(ws), "dropped / (dropped + rollout/sequences)", frac, ">",
+                  DROPPED_ROWS_MAX),),
+        "raise orchestration.max_staleness so a row may span more weights versions, lower rollout.max_new_tokens "
+        "(the long rows are the ones dropped), or add rollout workers (orchestration.ray.rollout_workers) so rows "
+        "finish within fewer updates",
+        detail=f"{frac:.0%} of the rows sampled in the late window were dropped, never trained on.")
+
+
 CHECKS: tuple[Check, ...] = (
     Check("non_finite", "NaN/inf in the training signal", FINITE_KEYS, check_non_finite),
     Check("policy_not_moving", "policy not moving", (schema.KL_REF,), check_policy_not_moving),
@@ -806,6 +854,12 @@ CHECKS: tuple[Check, ...] = (
     Check("reward_errors", "reward errors", (schema.REWARD_ERRORS,), check_reward_errors),
     Check("truncation", "truncation", (schema.LENGTH_TRUNC_FRAC,), check_truncation),
     Check("entropy_collapse", "entropy collapse", (schema.ENTROPY_LOOP,), check_entropy_collapse),
+    # an RL run without these metrics has nothing to find: one process alternates sampling and updates,
+    # and only partial rollouts drop rows — so any RL run (reward/mean) counts as checked
+    Check("learner_waiting", "learner waiting for rollouts", (schema.ORCH_LEARNER_IDLE_FRAC, schema.REWARD_MEAN),
+          check_learner_waiting),
+    Check("rows_dropped", "rows dropped as too stale", (schema.ORCH_DROPPED_ROWS, schema.REWARD_MEAN),
+          check_rows_dropped),
 )
 
 

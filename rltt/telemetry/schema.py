@@ -105,6 +105,10 @@ ORCH_STALENESS_MEAN = "orchestration/staleness_mean"
 ORCH_OVERLAP_SAVED_S = "orchestration/overlap_saved_s"
 ORCH_WORKER_RESTARTS = "orchestration/worker_restarts"
 ORCH_REISSUED_SHARDS = "orchestration/reissued_shards"
+ORCH_DROPPED_ROWS = "orchestration/dropped_rows"
+ORCH_PARTIAL_ROWS = "orchestration/partial_rows"
+ORCH_LEARNER_IDLE_FRAC = "orchestration/learner_idle_frac"
+ORCH_ROLLOUT_IDLE_FRAC = "orchestration/rollout_idle_frac"
 
 # held-out evaluation: RL loop and LM stages
 EVAL_SOLVE_RATE = "eval/solve_rate"
@@ -341,7 +345,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # Ray orchestration
     MetricSpec(ORCH_STALENESS, "weights versions between the rollouts' sampler and the update that "
                "trains on them, the most over the step's tokens (0 on-policy; min(step - 1, K) with "
-               "orchestration.max_staleness=K)", "versions"),
+               "orchestration.max_staleness=K; at most K with partial_rollouts, whose rows mix versions)",
+               "versions"),
     MetricSpec(ORCH_STALENESS_MEAN, "the same staleness, averaged over the step's tokens (equal to "
                "orchestration/staleness in the deterministic pipeline: a step's rows share one version)",
                "versions"),
@@ -351,6 +356,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "count"),
     MetricSpec(ORCH_REISSUED_SHARDS, "rollout shards issued again this step after their worker died "
                "(the rows come back as they would have)", "count"),
+    MetricSpec(ORCH_DROPPED_ROWS, "rows dropped, never trained on, since the previous step's batch was formed "
+               "(orchestration.partial_rollouts): every row of each group with a token more than "
+               "orchestration.max_staleness versions behind the learner", "rows"),
+    MetricSpec(ORCH_PARTIAL_ROWS, "rows of the step's batch whose tokens were sampled at more than one weights "
+               "version (orchestration.partial_rollouts: a row continued under newer weights)", "rows"),
+    MetricSpec(ORCH_LEARNER_IDLE_FRAC, "share of the step's wall time (time/step) in which the learner group ran "
+               "no update: 1 - (the slowest learner's update seconds) / time/step", "fraction"),
+    MetricSpec(ORCH_ROLLOUT_IDLE_FRAC, "share of the step's wall time (time/step) in which no generate call was in "
+               "flight on the rollout workers: 1 - (seconds with one in flight, driver clock) / time/step",
+               "fraction"),
     # held-out evaluation
     MetricSpec(EVAL_SOLVE_RATE,
                "held-out solve rate: fraction of sampled completions judged correct", "fraction",

@@ -3,7 +3,8 @@
 
 The driver owns the prompt stream, seeds, rewards, advantages, metrics, evaluation and
 checkpoints; the actors own the weights. The step is an `OverlappedStep`: with
-``orchestration.max_staleness: K`` (``overlap: 1`` is K = 1) it samples up to K steps ahead.
+``orchestration.max_staleness: K`` (``overlap: 1`` is K = 1) it samples up to K steps ahead; with
+``orchestration.partial_rollouts`` it is a `PartialStep` (rows continued across weights versions).
 A learner's death (`LearnerGroupDied`) ends the trainer; `rltt.orchestration.trainer.train`
 rebuilds the parts and resumes from the newest checkpoint, up to
 ``orchestration.ray.learner_restarts`` times.
@@ -25,10 +26,14 @@ from rltt.orchestration.parts import Orchestration, RunParts
 from rltt.orchestration.ray.builders import EngineFromDir, LearnerFromDir
 from rltt.orchestration.ray.orchestration_section import check_recipe
 from rltt.orchestration.ray.overlap import OverlappedStep
+from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.runtime.distributed import Ranks
 
 CLUSTER_FILE = "cluster.json"
+#: ``orchestration.partial_rollouts`` → the driver's training step: the deterministic K-deep pipeline,
+#: or rows continued across weights versions (docs/async.md).
+STEPS = {False: OverlappedStep, True: PartialStep}
 
 
 def ray_ranks(recipe: TrainRecipe) -> Ranks:
@@ -70,7 +75,9 @@ def build_ray_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, ranks:
                 part.close()
         disconnect(started)
         raise
-    step = partial(OverlappedStep, max_staleness=r.orchestration.staleness, last_step=r.train.steps)
+    o = r.orchestration
+    step = partial(STEPS[o.partial_rollouts], max_staleness=o.staleness, last_step=r.train.steps,
+                   **({"segment_tokens": o.partial_segment_tokens} if o.partial_rollouts else {}))
     return RunParts(tokenizer, engine, learner, step=step, release=partial(disconnect, started))
 
 

@@ -111,6 +111,9 @@ class RayLearnerGroup:
         #: called between starting an update and waiting for it (``orchestration.max_staleness``)
         self.during_update: Callable[[], None] | None = None
         self.last_update_s = 0.0  # the slowest rank's wall time of the last update
+        self._in_flight: list | None = None  # the update in flight (its ranks' result refs)
+        self._finished: tuple[dict[str, float], float] | None = None  # the last update's result
+        self._weights: tuple[int, RemoteTensors] | None = None  # rollout_state_dict of the current version
         bundle = {"CPU": cfg.num_cpus, "GPU": cfg.num_gpus}
         bundle = {k: v for k, v in bundle.items() if v > 0}
         self.pg = None
@@ -185,11 +188,25 @@ class RayLearnerGroup:
     # -- the Learner interface ------------------------------------------------------------
     def update(self, batch: LearnerBatch) -> dict[str, float]:
         """Every rank trains on its share; the metrics are the global batch's (rank 0's)."""
-        pending = self.submit_update(batch)
+        self._in_flight, self._finished = self.submit_update(batch), None
         del batch  # the shares stay in the object store only until the ranks have them
         if self.during_update is not None:
-            self.during_update()
-        return self.finish_update(pending)[0]
+            self.during_update()  # may collect the update itself (`poll_update`)
+        self.poll_update(wait=True)
+        return self._finished[0]
+
+    def poll_update(self, wait: bool = False) -> bool:
+        """Whether the update started by `update` has finished, collecting it (version, metrics)
+        when it has; ``wait``: until it has. True when none is in flight."""
+        if self._in_flight is None:
+            return True
+        if not wait:
+            ready, _ = ray.wait(self._in_flight, num_returns=len(self._in_flight), timeout=0)
+            if len(ready) < len(self._in_flight):
+                return False
+        refs, self._in_flight = self._in_flight, None
+        self._finished = self.finish_update(refs)
+        return True
 
     def submit_update(self, batch: LearnerBatch) -> list:
         """Start an update and return at once (the driver may sample meanwhile)."""
@@ -208,13 +225,17 @@ class RayLearnerGroup:
         return torch.cat(parts)
 
     def rollout_state_dict(self) -> tuple[int, RemoteTensors]:
+        """The rollout weights of the current version (gathered once per version)."""
+        if self._weights is not None and self._weights[0] == self.version:
+            return self._weights
         calls = [w.rollout_state_dict.options(num_returns=2).remote() for w in self.workers]
         versions = self._all([v for v, _ in calls], "gathering the rollout weights")
         ready, _ = ray.wait([calls[0][1]], timeout=self.cfg.timeout_s)
         if not ready:
             raise RlttError(f"orchestration.ray.timeout_s: the rollout weights were not ready within "
                             f"{self.cfg.timeout_s:g} s{self._resume_hint()}")
-        return versions[0], RemoteTensors(calls[0][1], self.cfg.timeout_s)
+        self._weights = (versions[0], RemoteTensors(calls[0][1], self.cfg.timeout_s))
+        return self._weights
 
     def save(self, directory: Path) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -222,7 +243,7 @@ class RayLearnerGroup:
 
     def load(self, directory: Path) -> None:
         versions = self._all([w.load.remote(str(directory)) for w in self.workers], f"loading {directory}")
-        self.version = versions[0]
+        self.version, self._weights = versions[0], None
         self.last_checkpoint = Path(directory)
 
     def checkpointed(self, directory: Path) -> None:

@@ -55,11 +55,20 @@ class OrchestrationSection:
     the rows of step n are sampled with the weights the learner had at the start of step
     max(1, n − K), whatever the timing (0: synchronous; the learner's ratio is against the
     recorded sampler log-probs). ``overlap`` is its older name: 1 is K = 1 (step k+1 sampled while
-    step k learns); set together, they must agree. None: unset (K = 0)."""
+    step k learns); set together, they must agree. None: unset (K = 0).
+
+    ``partial_rollouts`` (K ≥ 1): rows are generated in segments of ``partial_segment_tokens``
+    tokens; a row still generating when the learner publishes new weights continues under them
+    (its tokens so far re-submitted as the prompt), each token recording the version and the
+    log-prob of the policy that sampled it. A step trains on the first groups to complete; a group
+    with a token more than K versions behind the learner is dropped, never trained on
+    (docs/async.md). Timing-dependent: not bitwise reproducible."""
 
     backend: Backend = "local"
     overlap: Literal[0, 1] | None = None
     max_staleness: NonNegativeInt | None = None
+    partial_rollouts: bool = False
+    partial_segment_tokens: PositiveInt = 32
     ray: RaySection = field(default_factory=RaySection)
 
     def validate(self) -> None:
@@ -73,6 +82,12 @@ class OrchestrationSection:
             key = "orchestration.max_staleness" if self.overlap is None else "orchestration.overlap"
             raise recipe_error(key, f"{self.max_staleness} needs orchestration.backend=ray (rollouts run on "
                                     f"their own actors while the learner updates)")
+        if self.partial_rollouts and self.backend != "ray":
+            raise recipe_error("orchestration.partial_rollouts", "true needs orchestration.backend=ray (rows "
+                                                                 "continue on the rollout actors across updates)")
+        if self.partial_rollouts and not self.max_staleness:
+            raise recipe_error("orchestration.partial_rollouts", "true needs orchestration.max_staleness >= 1 "
+                                                                 "(the versions a row may span; got 0)")
 
     @property
     def staleness(self) -> int:
@@ -101,3 +116,20 @@ def check_recipe(recipe) -> None:
         raise recipe_error(key, f"{o.staleness} trains on rollouts up to {o.staleness} step(s) old: it needs the "
                                 f"ratio against the sampler's log-probs (algorithm.policy_logprob=exit with "
                                 f"hybrid_logprob=true, or an algorithm.correction such as decoupled or token_tis)")
+    if o.partial_rollouts:
+        for key, value, why in partial_excludes(recipe):
+            if value:
+                raise recipe_error("orchestration.partial_rollouts", f"true cannot be combined with {key} ({why})")
+
+
+def partial_excludes(recipe) -> list[tuple[str, bool, str]]:
+    """What a partial rollout cannot do yet: (recipe key, whether the recipe sets it, why)."""
+    r = recipe
+    return [
+        ("rollout.thinking", r.rollout.thinking.budget > 0,
+         "a thinking budget counts tokens within one generate call; a row's segments are separate calls"),
+        ("algorithm.dynamic_sampling", r.algorithm.dynamic_sampling,
+         "groups are taken as they complete; refills are per-step rollouts"),
+        ("algorithm.kl_in=reward", r.algorithm.kl_in == "reward" and r.algorithm.kl_coef > 0,
+         "the reward's KL penalty is measured by the learner while it updates"),
+    ]

@@ -28,6 +28,8 @@ STALENESS_MEAN = m.ORCH_STALENESS_MEAN
 OVERLAP_SAVED = m.ORCH_OVERLAP_SAVED_S
 WORKER_RESTARTS = m.ORCH_WORKER_RESTARTS
 RESHARDS = m.ORCH_REISSUED_SHARDS
+LEARNER_IDLE = m.ORCH_LEARNER_IDLE_FRAC
+ROLLOUT_IDLE = m.ORCH_ROLLOUT_IDLE_FRAC
 
 
 @dataclass
@@ -54,6 +56,7 @@ class OverlappedStep(TrainingStep):
         self._used: Sampled | None = None
         self._step = 0
         self._fresh: list[Sampled] = []  # those sampled during this step's update
+        self._gen_s = 0.0  # seconds of this step spent sampling (a rollout in flight on the workers)
         if self.max_staleness:
             self.learner.during_update = self._sample_ahead
 
@@ -65,7 +68,9 @@ class OverlappedStep(TrainingStep):
         t0 = time.perf_counter()
         version = self.engine.weights_version
         groups, metrics = super().rollout(step)
-        return Sampled(step, groups, metrics, version, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._gen_s += seconds
+        return Sampled(step, groups, metrics, version, seconds)
 
     def _sample_ahead(self) -> None:
         """During step n's update the workers serve the weights of step n's start: sample every
@@ -86,8 +91,11 @@ class OverlappedStep(TrainingStep):
         return self._used.groups, metrics
 
     def __call__(self, step: int) -> dict[str, float]:
-        self._step, self._fresh = step, []
+        self._step, self._fresh, self._gen_s = step, [], 0.0
         metrics = super().__call__(step)
+        window = metrics[m.TIME_STEP]
+        metrics[LEARNER_IDLE] = 1.0 - min(1.0, self.learner.last_update_s / window) if window > 0 else 0.0
+        metrics[ROLLOUT_IDLE] = 1.0 - min(1.0, self._gen_s / window) if window > 0 else 0.0
         used = self._used
         if metrics[m.TIME_ROLLOUT] < used.seconds:  # sampled ahead: its own time, not the wait for it
             metrics[m.TIME_ROLLOUT] = used.seconds

@@ -71,4 +71,5 @@ def merge(parts: list[RolloutBatch], params: SamplingParams, wall_time: float) -
         finish_reasons=[f for p in parts for f in p.finish_reasons], schedule=join_schedules(
             [p.schedule for p in parts], [p.num_rows for p in parts]),
         params=replace(params, seed=first.params.seed), stats=stats, num_loops=first.num_loops, dtype=first.dtype,
-        pad_id=first.pad_id)
+        pad_id=first.pad_id,  # each token's weights version, when every part recorded them
+        versions=cat("versions", -1) if all(p.versions is not None for p in parts) else None)

@@ -21,6 +21,12 @@ from ..test_local import write_recipe
     (["orchestration.backend=ray", "orchestration.ray.rollout_workers=0"], "orchestration.ray.rollout_workers"),
     (["orchestration.backend=ray", "orchestration.ray.timeout_s=0"], "orchestration.ray.timeout_s"),
     (["orchestration.backend=ray", "orchestration.ray.sync=nccl"], "orchestration.ray.sync"),
+    (["orchestration.partial_rollouts=true"], "orchestration.partial_rollouts"),  # needs backend=ray
+    (["orchestration.backend=ray", "orchestration.partial_rollouts=true"], "orchestration.partial_rollouts"),  # K=0
+    (["orchestration.backend=ray", "orchestration.max_staleness=0", "orchestration.partial_rollouts=true"],
+     "orchestration.partial_rollouts"),
+    (["orchestration.backend=ray", "orchestration.max_staleness=1", "orchestration.partial_rollouts=true",
+      "orchestration.partial_segment_tokens=0"], "orchestration.partial_segment_tokens"),
 ])
 def test_bad_orchestration_values(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as err:
@@ -28,11 +34,16 @@ def test_bad_orchestration_values(tmp_path, overrides, key):
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
+PARTIAL = ["orchestration.max_staleness=2", "orchestration.partial_rollouts=true"]
+
+
 @pytest.mark.parametrize("overrides, key", [
     (["orchestration.ray.learners=2"], "orchestration.ray.learners"),  # the torch backend is one process
     (["orchestration.ray.learners=4", "learner.backend=deepspeed"], "orchestration.ray.learners"),  # 2 prompts
     (["orchestration.overlap=1", "algorithm.hybrid_logprob=false"], "orchestration.overlap"),
     (["orchestration.max_staleness=2", "algorithm.hybrid_logprob=false"], "orchestration.max_staleness"),
+    *[([*PARTIAL, *extra], "orchestration.partial_rollouts") for extra in (
+        ["rollout.thinking.budget=4"], ["algorithm.dynamic_sampling=true"], ["algorithm.kl_in=reward"])],
 ])
 def test_cross_section_checks(tmp_path, overrides, key):
     recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *overrides])
@@ -54,3 +65,11 @@ def test_max_staleness_and_its_alias(tmp_path, overrides, K):
     check_recipe(recipe)
     assert recipe.orchestration.staleness == recipe.orchestration.max_staleness == K
     assert recipe.algorithm.decoupled_cap == (3.0 if "algorithm.decoupled_cap=3" in overrides else 5.0)
+
+
+def test_partial_rollouts_settings(tmp_path):
+    recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *PARTIAL,
+                                                        "orchestration.partial_segment_tokens=8"])
+    check_recipe(recipe)
+    o = recipe.orchestration
+    assert o.partial_rollouts and o.partial_segment_tokens == 8 and o.staleness == 2

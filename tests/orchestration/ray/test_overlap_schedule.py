@@ -25,6 +25,7 @@ def _pipeline(monkeypatch, K: int, steps: int, skipped=()):
     step = OverlappedStep.__new__(OverlappedStep)
     step.engine, step.learner = engine, learner
     step.max_staleness, step.last_step, step.ahead, step._used, step._step, step._fresh = K, steps, [], None, 0, []
+    step._gen_s = 0.0
     if K:
         learner.during_update = step._sample_ahead
     out = []
