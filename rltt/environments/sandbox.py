@@ -112,8 +112,8 @@ def _main():
         sys.modules.pop(name, None)
     del ctypes, libc
 
-    import resource, signal
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises OSError(EFBIG)
+    import resource, _signal  # (not signal: it imports enum, a tenth of the start-up)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)  # a too-large write raises OSError(EFBIG)
     limits = [(resource.RLIMIT_CPU, cpu_s, cpu_s + 1), (resource.RLIMIT_AS, memory_mb << 20, memory_mb << 20),
               (resource.RLIMIT_FSIZE, fsize_mb << 20, fsize_mb << 20), (resource.RLIMIT_NOFILE, nofile, nofile),
               (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NPROC, 0, 0)]

@@ -252,3 +252,26 @@ def test_without_the_audit_hook_the_scratch_folder_and_the_library_still_work():
             "os.mkdir('d')\nos.rename('a.txt', 'd/b.txt')\nprint(open('d/b.txt').read())")
     run = run_python(code, _audit_hook=False)
     assert (run.error, run.output) == (None, "[3904355907]\n")
+
+
+def test_installed_packages_import_only_when_asked():
+    code = "import yaml\nprint(yaml.safe_dump({'a': 1}).strip())"
+    assert run_python(code).error == "exception"  # the standard library alone
+    run = run_python(code, site_packages=True)
+    assert (run.error, run.output) == (None, "a: 1\n")
+
+
+def test_concurrent_calls_keep_their_own_outputs_and_folders():
+    from concurrent.futures import ThreadPoolExecutor
+
+    code = "import os\nopen('mine.txt', 'w').write('{i}')\nprint({i}, sorted(os.listdir('.')), open('mine.txt').read())"
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda i: run_python(code.format(i=i)), range(8)))
+    assert [r.output for r in runs] == [f"{i} ['mine.txt'] {i}\n" for i in range(8)]
+
+
+def test_a_file_beyond_the_size_limit_fails_the_write_not_the_disk():
+    from rltt.environments.sandbox import FILE_SIZE_MB
+
+    run = run_python(f"f = open('big.bin', 'wb')\nf.write(b'x' * ({FILE_SIZE_MB} << 20))\nf.write(b'x')\nf.flush()")
+    assert run.error == "exception" and "File too large" in run.output, run
