@@ -4,7 +4,9 @@
     python bench/env_overhead.py --calls 200
 
 Measured in one process, interleaved call by call so a change in the machine's load hits every
-row alike; medians over ``--calls`` calls, wall clock (the tools' limits are wall-clock limits):
+row alike; medians over ``--calls`` calls of the wall clock (the tools' limits are wall-clock
+limits) and of the CPU time the call used in this process and its children (``getrusage``),
+which other jobs on a shared machine inflate much less than the wall clock:
 
 - python tool: ``run_tool("python", CODE)`` — a fresh sandboxed interpreter per call
   (rltt/environments/sandbox.py) — against ``exec`` of the same code in this process with its
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,10 +50,16 @@ def _bare_start() -> None:
     subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _timed(fn) -> tuple[float, float]:
+    """(wall ms, CPU ms of this process and its reaped children)."""
+    cpu, start = _cpu_s(), time.perf_counter()
     fn()
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3, (_cpu_s() - cpu) * 1e3
 
 
 def main(argv=None) -> None:
@@ -70,26 +79,33 @@ def main(argv=None) -> None:
             "calculator tool": lambda: run_tool("calculator", CALC_EXPR, limits),
             "calculator in-process (eval)": lambda: eval(CALC_EVAL)}  # noqa: S307
     times: dict[str, list[float]] = {name: [] for name in rows}
+    cpu: dict[str, list[float]] = {name: [] for name in rows}
     load_before = os.getloadavg()
     for _ in range(args.calls):
         for name, fn in rows.items():
-            times[name].append(_timed(fn))
+            wall, used = _timed(fn)
+            times[name].append(wall)
+            cpu[name].append(used)
     load_after = os.getloadavg()
     med = {name: statistics.median(values) for name, values in times.items()}
+    med_cpu = {name: statistics.median(values) for name, values in cpu.items()}
 
     print(f"# {args.calls} calls each, interleaved; wall-clock medians; python {sys.version.split()[0]}; "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print(f"# isolation layers: {', '.join(k for k, v in isolation().items() if v)}")
-    print("| call | median ms | p10–p90 ms |")
-    print("|---|---:|---:|")
+    print("| call | wall ms (median) | wall p10–p90 | CPU ms (median) |")
+    print("|---|---:|---:|---:|")
     for name, values in times.items():
         q = statistics.quantiles(values, n=10)
-        print(f"| {name} | {med[name]:.3f} | {q[0]:.3f}–{q[-1]:.3f} |")
+        print(f"| {name} | {med[name]:.3f} | {q[0]:.3f}–{q[-1]:.3f} | {med_cpu[name]:.3f} |")
     py_over = med["python tool (sandboxed)"] - med["python in-process (exec)"]
     setup = med["python tool (sandboxed)"] - med["bare interpreter start (-I -S -c pass)"]
     calc_over = med["calculator tool"] - med["calculator in-process (eval)"]
+    py_cpu = med_cpu["python tool (sandboxed)"] - med_cpu["python in-process (exec)"]
     print(f"\npython tool: isolation overhead {py_over:.1f} ms per call (of it the interpreter's start "
           f"{med['bare interpreter start (-I -S -c pass)']:.1f} ms, the sandbox's set-up and the rest {setup:.1f} ms)")
+    print(f"python tool: CPU time per call {py_cpu:.1f} ms more than in-process (bare start "
+          f"{med_cpu['bare interpreter start (-I -S -c pass)']:.1f} ms)")
     print(f"calculator: overhead {calc_over * 1e3:.0f} µs per call against eval "
           f"({med['calculator tool'] / max(med['calculator in-process (eval)'], 1e-9):.1f}× eval)")
 
