@@ -104,9 +104,10 @@ def _main():
                 network = "namespace"
             except OSError:
                 network = "namespace-unmapped"
-    libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    if os.getppid() == 1:
-        os._exit(70)
+    if hasattr(libc, "prctl"):  # Linux
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        if os.getppid() == 1:
+            os._exit(70)
     landlock = _landlock(ctypes, libc, scratch) if want_landlock else 0
     for name in ("ctypes", "_ctypes", "ctypes._endian"):
         sys.modules.pop(name, None)
@@ -121,7 +122,11 @@ def _main():
         old_soft, old_hard = resource.getrlimit(which)
         if old_hard != resource.RLIM_INFINITY:
             hard = min(hard, old_hard)
-        resource.setrlimit(which, (min(soft, hard), hard))
+        try:
+            resource.setrlimit(which, (min(soft, hard), hard))
+        except (ValueError, OSError):  # a platform without this limit (RLIMIT_AS on macOS)
+            if sys.platform.startswith("linux"):
+                raise
 
     violations = []
     if hook_on:
@@ -339,7 +344,12 @@ def _install_hook(scratch, violations):
         try:
             if what is not None:
                 deny(what)
-            check(args)
+            try:
+                check(args)
+            except SandboxViolation:
+                raise
+            except Exception:  # arguments this checker cannot read: refuse rather than guess
+                deny(f"{event} (its arguments could not be checked)")
         finally:
             busy.pop()
 
