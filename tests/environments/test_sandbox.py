@@ -275,3 +275,21 @@ def test_a_file_beyond_the_size_limit_fails_the_write_not_the_disk():
 
     run = run_python(f"f = open('big.bin', 'wb')\nf.write(b'x' * ({FILE_SIZE_MB} << 20))\nf.write(b'x')\nf.flush()")
     assert run.error == "exception" and "File too large" in run.output, run
+
+
+@pytest.mark.parametrize("exit_code, status, timed_out, cpu_used, kind", [
+    (-9, None, False, 2.1, "cpu"),        # SIGXCPU ignored: the hard limit's SIGKILL
+    (-24, None, False, 1.0, "cpu"),       # SIGXCPU at the soft limit
+    (-9, None, False, 0.1, "crash"),      # a SIGKILL from elsewhere (the OOM killer)
+    (-9, None, True, 0.1, "timeout"),     # our own kill at the wall-clock limit
+    (0, None, False, 0.1, "sandbox"),     # ended without a report
+    (3, None, False, 0.1, "exit"),        # os._exit(3)
+    (0, ("ok", "", "namespace", [], 7), False, 0.1, None),
+    (0, ("ok", "", "namespace", ["writing '/x'"], 7), False, 0.1, "forbidden"),
+    (0, ("exception", "URLError", "namespace", ["network access"], 7), False, 0.1, "forbidden"),
+    (0, ("memory", "MemoryError", "namespace", [], 7), False, 0.1, "memory"),
+])
+def test_outcomes_are_classified(exit_code, status, timed_out, cpu_used, kind):
+    from rltt.environments.sandbox import _classify
+
+    assert _classify(exit_code, status, timed_out, cpu_used, (5.0, 1.0, 512))[0] == kind
