@@ -243,8 +243,8 @@ class SandboxViolation(PermissionError):
 
 
 def _install_hook(scratch, violations):
-    import posixpath, _io
-    realpath, join, isabs = posixpath.realpath, posixpath.join, posixpath.isabs
+    import posixpath, posix, _posixsubprocess
+    realpath, join, isabs, isdir = posixpath.realpath, posixpath.join, posixpath.isabs, posixpath.isdir
     scratch = realpath(scratch)
     read_roots = tuple({realpath(p) for p in sys.path if p} | {scratch, "/usr/share/zoneinfo"})
     read_files = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
@@ -285,6 +285,12 @@ def _install_hook(scratch, violations):
         path, mode, flags = args
         writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & O_WRITE)
         (check_write if writes else check_read)(path)
+        # a folder's descriptor outside the scratch folder could serve as the dir_fd of a later
+        # os.open, whose audit event does not carry it: refuse the descriptor
+        if not isinstance(path, int) and path is not None:
+            full = resolve(path)
+            if isdir(full) and not inside(full, (scratch,)):
+                deny(f"opening the folder {full!r}")
 
     def kill(args):
         if args[0] not in (0, getpid()):
@@ -319,7 +325,9 @@ def _install_hook(scratch, violations):
         "sqlite3.connect": lambda a: None if str(a[0]) in (":memory:", "") else check_write(a[0], None, "opening a database at"),
         "os.kill": kill,
         "os.killpg": killpg,
-        "import": lambda a: deny(f"importing {a[0]}") if a[0].partition(".")[0] in ("ctypes", "_ctypes") else None,
+        # ctypes; and a second copy of the modules patched below
+        "import": lambda a: deny(f"importing {a[0]}") if a[0].partition(".")[0] in (
+            "ctypes", "_ctypes", "_posixsubprocess", "posix") else None,
     }
     refused = {"os.system": "running a shell command", "os.exec": "exec'ing a program",
                "os.posix_spawn": "starting a process", "os.spawn": "starting a process",
@@ -353,6 +361,20 @@ def _install_hook(scratch, violations):
         finally:
             busy.pop()
 
+    # process starts and signals that raise no audit event: subprocess's C helper, pidfds
+    def fork_exec(*args, **kwargs):
+        deny("starting a process")
+
+    _posixsubprocess.fork_exec = fork_exec
+    if hasattr(posix, "pidfd_open"):
+        real_pidfd_open = posix.pidfd_open
+
+        def pidfd_open(pid, flags=0):
+            if pid != getpid():
+                deny(f"signalling process {pid}")
+            return real_pidfd_open(pid, flags)
+
+        posix.pidfd_open = os.pidfd_open = pidfd_open
     sys.addaudithook(hook)
 
 _main()

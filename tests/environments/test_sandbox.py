@@ -146,6 +146,11 @@ def test_without_the_audit_hook_the_network_namespace_still_has_no_route():
     ("import os\nos.kill(os.getppid(), 9)", "forbidden", "signalling process"),
     ("import subprocess\nsubprocess.run(['true'])", "forbidden", "starting a process"),
     ("import os\nos.fork()", "forbidden", "starting a process"),
+    ("import multiprocessing.util as u\nu.spawnv_passfds(b'/bin/true', [b'/bin/true'], [])", "forbidden",
+     "starting a process"),  # subprocess's C helper raises no audit event of its own
+    ("import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)", "forbidden", "signalling process"),
+    ("import sys, os\nfd = os.open(sys.path[1], os.O_RDONLY)\nos.open('x.py', os.O_WRONLY | os.O_CREAT, dir_fd=fd)",
+     "forbidden", "opening the folder"),
     ("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))", "forbidden", "changing resource limits"),
 ])
 def test_crashes_and_refusals_are_counted_errors(code, kind, shown):
@@ -293,3 +298,9 @@ def test_outcomes_are_classified(exit_code, status, timed_out, cpu_used, kind):
     from rltt.environments.sandbox import _classify
 
     assert _classify(exit_code, status, timed_out, cpu_used, (5.0, 1.0, 512))[0] == kind
+
+
+def test_what_the_guard_refuses_elsewhere_still_works_inside():
+    code = ("import asyncio, subprocess, os\nos.mkdir('d')\nfd = os.open('d', os.O_RDONLY)\n"
+            "os.close(os.open('f', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\nprint(os.listdir('d'))")
+    assert run_python(code).output == "['f']\n"
