@@ -45,6 +45,16 @@ def uses_hybrid(algo: AlgorithmConfig, batch: LearnerBatch) -> bool:
     return algo.hybrid_logprob and algo.policy_logprob == "exit" and batch.sampler_logprobs is not None
 
 
+def model_token_mask(scores: LoopScores, batch: LearnerBatch) -> torch.Tensor:
+    """(B, S) bool: the tokens the loss, its ratio, its aggregation's token counts and the KL cover —
+    the scored tokens the model sampled, never the environment's (``batch.env_mask``, a multi-turn
+    episode's tool results: attended to, not trained on, whatever scored them)."""
+    mask = scores.target_mask
+    if batch.env_mask is None:
+        return mask
+    return mask & ~batch.env_mask.to(device=mask.device, dtype=torch.bool)
+
+
 @dataclass
 class MicroLoss:
     loss: torch.Tensor
@@ -56,8 +66,9 @@ class MicroLoss:
 def rl_loss(scores: LoopScores, batch: LearnerBatch, algo: AlgorithmConfig, max_len: int,
             learned_logits: torch.Tensor | None = None) -> MicroLoss:
     """Policy loss (+ KL in the loss when configured) for ``batch``; aggregation is the
-    configured one within the micro-batch (the learner weights micro-batches)."""
-    mask = scores.target_mask
+    configured one within the micro-batch (the learner weights micro-batches); environment tokens
+    never count (`model_token_mask`)."""
+    mask = model_token_mask(scores, batch)
     logp = scores.to_rows(chosen_logprob(scores, algo, learned_logits))
     old = batch.old_logprobs
     if old is None:  # one update per batch: this pass is at the rollout weights

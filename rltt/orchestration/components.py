@@ -47,9 +47,16 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     return engine_for_section(recipe.rollout, copied, **sizing)
 
 
+def completion_budget(recipe: TrainRecipe) -> int:
+    """The longest completion of a row: ``rollout.max_new_tokens``, or a multi-turn episode's
+    ``env.max_tokens`` (model and environment tokens; Dr. GRPO's constant normaliser)."""
+    env = getattr(recipe, "env", None)
+    return env.max_tokens if env is not None and env.enabled else recipe.rollout.max_new_tokens
+
+
 def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, run_dir: Path | None = None) -> Learner:
     """The learner of ``recipe.learner`` / ``recipe.algorithm`` for ``model``; with ``world``
     data-parallel ranks each trains on its 1/world of the step's batch. ``run_dir``: the run's
     directory (a DeepSpeed learner writes ``deepspeed_config.json`` there)."""
     return Learner(model, recipe.learner, recipe.algorithm, batch_size=recipe.batch_size // world,
-                   max_len=recipe.rollout.max_new_tokens, rollout_dtype=engine_dtype(recipe), run_dir=run_dir)
+                   max_len=completion_budget(recipe), rollout_dtype=engine_dtype(recipe), run_dir=run_dir)

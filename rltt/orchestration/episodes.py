@@ -282,3 +282,33 @@ def replay_episode(model, episodes: EpisodeBatch) -> ReplayLogprobs:
             tempered[r, column:column + keep] = replayed.tempered_logprobs[i, :keep]
             exit_lp[r, column:column + keep] = replayed.exit_logprobs[i, :keep]
     return ReplayLogprobs(raw, tempered, exit_lp)
+
+
+@dataclass
+class EpisodeRunner:
+    """A recipe's episodes: its environment (``env.name``), its tokenizer's ``encode``/``decode`` and
+    the ``env.max_turns`` / ``env.max_tokens`` limits; `run` is `run_episodes` with them."""
+
+    env: Environment
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    max_turns: int
+    max_tokens: int
+
+    @classmethod
+    def from_recipe(cls, recipe, encode, decode) -> "EpisodeRunner | None":
+        """None without an environment (``env.name: none``, or a recipe with no ``env`` section)."""
+        from rltt.environments import make_environment
+
+        section = getattr(recipe, "env", None)
+        env = make_environment(section) if section is not None else None
+        if env is None:
+            return None
+        if encode is None:
+            raise ValueError(f"env.name={section.name}: the episode loop needs the tokenizer's encode")
+        return cls(env, encode, decode, section.max_turns, section.max_tokens)
+
+    def run(self, engine: RolloutEngine, tasks: Sequence[Any], params: SamplingParams,
+            keep_turns: bool = False) -> EpisodeBatch:
+        return run_episodes(engine, [t.prompt_ids for t in tasks], params, self.env, tasks, self.encode,
+                            self.decode, self.max_turns, self.max_tokens, keep_turns)

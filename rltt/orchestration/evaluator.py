@@ -18,7 +18,8 @@ from typing import ClassVar
 from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
-from rltt.orchestration.groups import score_rollout
+from rltt.orchestration.episodes import EpisodeRunner
+from rltt.orchestration.groups import sample_scored
 from rltt.orchestration.policy import RecipePolicy, sampling_params, stop_ids
 from rltt.orchestration.prompt_stream import Task, eval_tasks
 from rltt.rollout import RolloutEngine, SamplingParams
@@ -87,13 +88,14 @@ def eval_sampling(recipe, stop_token_ids: list[int], decode, thinking=None, *, s
 
 
 def evaluate(engine: RolloutEngine, tasks: list[Task], decode, runner: RewardRunner, params: SamplingParams,
-             chunk: int = 64, shard: tuple[int, int] = (0, 1)) -> EvalResult:
+             chunk: int = 64, shard: tuple[int, int] = (0, 1), episodes: EpisodeRunner | None = None) -> EvalResult:
     """Sample ``params.n`` completions per task with ``params`` and score them; the primary reward
     decides 'solved'.
 
     Tasks go to the engine in chunks of ``chunk``, the one at task ``start`` seeded ``params.seed +
     start``; ``shard = (i, n)`` evaluates the chunks ``i, i + n, ...`` only, so the merged results of
-    the n shards equal one unsharded evaluation."""
+    the n shards equal one unsharded evaluation. ``episodes``: each sample is a multi-turn episode
+    (the recipe's ``env``), scored on its final answer."""
     primary = runner.names[0]
     samples = params.n
     rank, world = shard
@@ -102,8 +104,8 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], decode, runner: RewardRun
         if index % world != rank:
             continue
         part = tasks[start:start + chunk]
-        rollout = engine.generate([t.prompt_ids for t in part], replace(params, seed=params.seed + start))
-        scored = score_rollout(rollout, part, decode, runner)
+        scored = sample_scored(engine, part, replace(params, seed=params.seed + start), decode, runner, episodes)
+        rollout = scored.rollout
         flags = scored.solved(primary).view(len(part), samples)
         result.solved += int(flags.sum())
         result.samples += flags.numel()
@@ -131,10 +133,12 @@ class HeldOutEvaluator:
         self.engine, self.tasks, self.decode, self.runner, self.ranks = (
             engine, tasks, tokenizer.decode, runner, ranks)
         self.params = eval_sampling(recipe, stop_ids(tokenizer), tokenizer.decode, thinking)
+        self.episodes = EpisodeRunner.from_recipe(
+            recipe, lambda text: tokenizer(text, add_special_tokens=False).input_ids, tokenizer.decode)
 
     def __call__(self) -> dict[str, float]:
         part = evaluate(self.engine, self.tasks, self.decode, self.runner, self.params,
-                        shard=(self.ranks.rank, self.ranks.world))
+                        shard=(self.ranks.rank, self.ranks.world), episodes=self.episodes)
         result = EvalResult(**self.ranks.reduce(vars(part), EvalResult.OPS))
         out = {m.EVAL_SOLVE_RATE: result.solve_rate, m.EVAL_REWARD_MEAN: result.reward_mean,
                m.EVAL_COMPUTE_MEAN_EXIT: result.mean_exit_step}
@@ -193,7 +197,8 @@ def evaluate_recipe(recipe, *, samples: int | None = None, split: str | None = N
                            size, d.seed)
         params = eval_sampling(recipe, stop_ids(policy.tokenizer), policy.decode, policy.thinking(recipe),
                                samples=samples, temperature=temperature, exit_policy=exit_policy)
-        result = evaluate(policy.engine, tasks, policy.decode, policy.runner, params)
+        result = evaluate(policy.engine, tasks, policy.decode, policy.runner, params,
+                          episodes=EpisodeRunner.from_recipe(recipe, policy.encode, policy.decode))
     shown_source = eval_source or (f"{d.source} (held out)" if d.source.startswith("synthetic") else d.source)
     return EvalReport(str(policy.model_path), shown_source, split, len(tasks), params.n, params.temperature, result,
                       params.exit_policy)

@@ -36,6 +36,7 @@ class ScoredRollout:
     rewards: torch.Tensor  # (R,) float64: the weighted totals, as the runner computed them
     per_fn: dict[str, torch.Tensor]  # reward function name -> (R,) float64
     errors: list[RewardError]
+    env: dict[str, torch.Tensor] | None = None  # multi-turn episodes: per-row turns, tool_calls, ... (R,)
 
     @property
     def group_size(self) -> int:
@@ -46,18 +47,38 @@ class ScoredRollout:
         return self.per_fn[primary] >= 1.0
 
 
-def score_rollout(rollout: RolloutBatch, tasks: list[Task], decode, runner: RewardRunner) -> ScoredRollout:
-    """Decode every completion of ``rollout`` and score it against its task."""
+def score_rollout(rollout: RolloutBatch, tasks: list[Task], decode, runner: RewardRunner,
+                  answers: list[str] | None = None, failed: torch.Tensor | None = None) -> ScoredRollout:
+    """Decode every completion of ``rollout`` and score it against its task. Episodes
+    (`rltt.orchestration.episodes`) give the text to score per row (``answers``, the final answer)
+    and the rows an environment crash ended (``failed``, scored 0)."""
     samples = []
-    sampled = rollout.action_mask.sum(dim=1).tolist()  # forced tokens are not the policy's
+    sampled = rollout.action_mask.sum(dim=1).tolist()  # forced and environment tokens are not the policy's
     for r in range(rollout.num_rows):
         task = tasks[int(rollout.prompt_index[r])]
-        samples.append(RewardSample(decode(rollout.completion(r)), task.answer, task.id,
+        text = decode(rollout.completion(r)) if answers is None else answers[r]
+        samples.append(RewardSample(text, task.answer, task.id,
                                     {"completion_tokens": sampled[r], "max_tokens": rollout.params.max_new_tokens}))
     result = runner.score(samples)
-    return ScoredRollout(rollout, list(tasks), torch.tensor(result.total, dtype=torch.float64),
-                         {k: torch.tensor(v, dtype=torch.float64) for k, v in result.scores.items()},
-                         list(result.errors))
+    total = torch.tensor(result.total, dtype=torch.float64)
+    per_fn = {k: torch.tensor(v, dtype=torch.float64) for k, v in result.scores.items()}
+    if failed is not None and bool(failed.any()):
+        for values in (total, *per_fn.values()):
+            values[failed] = 0.0
+    return ScoredRollout(rollout, list(tasks), total, per_fn, list(result.errors))
+
+
+def sample_scored(engine, tasks: list[Task], params, decode, runner: RewardRunner, episodes=None) -> ScoredRollout:
+    """Sample ``tasks`` and score them: one completion per row (one `RolloutEngine.generate` call),
+    or with ``episodes`` (an `rltt.orchestration.episodes.EpisodeRunner`) one multi-turn episode
+    per row, scored on its final answer, with its per-row counts in ``ScoredRollout.env``."""
+    if episodes is None:
+        return score_rollout(engine.generate([t.prompt_ids for t in tasks], params), tasks, decode, runner)
+    batch = episodes.run(engine, tasks, params)
+    scored = score_rollout(batch.rollout, tasks, decode, runner, batch.answers, batch.failed())
+    scored.env = {"turns": batch.turns, "tool_calls": batch.tool_calls, "tool_errors": batch.tool_errors,
+                  "truncated": batch.truncated, "errors": batch.failed()}
+    return scored
 
 
 @dataclass

@@ -26,7 +26,8 @@ from rltt.data.rewards import RewardRunner, reward_error_metrics
 from rltt.learner import LearnerAPI, LearnerBatch
 from rltt.runtime.distributed import Ranks
 from rltt.runtime.stop import commit
-from rltt.orchestration.groups import ScoredGroups, ScoredRollout, score_groups, score_rollout
+from rltt.orchestration.episodes import EpisodeRunner
+from rltt.orchestration.groups import ScoredGroups, ScoredRollout, sample_scored, score_groups
 from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.prompt_stream import PromptStream, Task
 from rltt.orchestration.train_recipe import TrainRecipe
@@ -79,8 +80,11 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
     }
     if thinking is not None:
         local.update({f"think/{k}": v for k, v in length_sums(rollout, thinking.close).items()})
+    env = getattr(scored, "env", None)  # multi-turn episodes: per-row counts, summed over every rank's rows
+    if env is not None:
+        local.update({f"episodes:{k}": int(v.sum()) for k, v in env.items()})
     sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
-            "exit_hist", "positive", *(k for k in local if k.startswith(("think/", "err/"))))
+            "exit_hist", "positive", *(k for k in local if k.startswith(("think/", "err/", "episodes:"))))
     t = ranks.reduce(local, {k: "max" if k == "seconds" else "sum" if k in sums else "concat" for k in local})
     rewards, lengths = t["rewards"], t["lengths"]
     out = {
@@ -105,6 +109,12 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         out[m.THROUGHPUT_GOODPUT] = t["positive"] / t["seconds"]
     if thinking is not None:
         out.update(length_metrics({k[len("think/"):]: v for k, v in t.items() if k.startswith("think/")}))
+    if env is not None:
+        episodes = rewards.numel()
+        out.update({m.ENV_TURNS_MEAN: t["episodes:turns"] / episodes,
+                    m.ENV_TOOL_CALLS_MEAN: t["episodes:tool_calls"] / episodes,
+                    m.ENV_TOOL_ERRORS: t["episodes:tool_errors"], m.ENV_TRUNCATED_FRAC: t["episodes:truncated"] / episodes,
+                    m.ENV_REWARD_MEAN: float(rewards.mean()), m.ENV_ERRORS: t["episodes:errors"]})
     for name in scored.per_fn:
         values = t[f"fn/{name}"].tolist()
         out[m.reward_key(name)] = sum(values) / len(values)
@@ -129,8 +139,10 @@ class TrainingStep:
 
     def __init__(self, recipe: TrainRecipe, engine: RolloutEngine, learner: LearnerAPI, prompts: PromptStream,
                  runner: RewardRunner, decode, stop_token_ids: list[int], pad_id: int = 0, ranks: Ranks = Ranks(),
-                 thinking: ThinkingBudget | None = None):
+                 thinking: ThinkingBudget | None = None, encode=None):
         self.recipe, self.engine, self.learner, self.prompts = recipe, engine, learner, prompts
+        # with env.name set every row is a multi-turn episode (``encode``: the tokenizer's, for its answers)
+        self.episodes = EpisodeRunner.from_recipe(recipe, encode, decode)
         self.thinking = thinking  # rollout.thinking as token ids (rltt.data.reasoning.thinking_budget)
         self.runner, self.decode, self.stop_token_ids, self.pad_id, self.ranks = (
             runner, decode, list(stop_token_ids), pad_id, ranks)
@@ -145,8 +157,8 @@ class TrainingStep:
     def _sample(self, tasks: list[Task], params: SamplingParams) -> tuple[ScoredRollout, ScoredGroups]:
         """Generate and score ``tasks``; the groups carry their advantages (computed once)."""
         algo = self.recipe.algorithm
-        rollout = self.engine.generate([t.prompt_ids for t in tasks], params)
-        scored = score_rollout(rollout, tasks, self.decode, self.runner)
+        scored = sample_scored(self.engine, tasks, params, self.decode, self.runner, self.episodes)
+        rollout = scored.rollout
         batch = penalty = None
         if algo.kl_in == "reward" and algo.kl_coef > 0:
             batch = LearnerBatch.from_rollout(rollout)

@@ -138,7 +138,7 @@ class Trainer:
         thinking = thinking_budget(r.rollout.thinking, self.tokenizer)
         self.training = self.parts.step(r, self.engine, self.learner, self.prompts, self.runner,
                                         self.tokenizer.decode, stop_ids(self.tokenizer),
-                                        self.tokenizer.pad_token_id or 0, self.ranks, thinking)
+                                        self.tokenizer.pad_token_id or 0, self.ranks, thinking, encode=encode)
         self.evaluate = HeldOutEvaluator(r, self.engine, self.eval_tasks, self.tokenizer, self.runner,
                                          self.ranks, thinking)
         self.saver = CheckpointSaver(self.run_dir, r, self.ranks, self.tokenizer, self.learner)

@@ -99,6 +99,13 @@ COMPUTE_EXIT_ENTROPY = "compute/exit_entropy"
 # rollout (engine) statistics of the RL loop
 ROLLOUT_SEQUENCES = "rollout/sequences"
 ROLLOUT_REFILLS = "rollout/refills"
+# multi-turn episodes (env.name set; docs/environments.md)
+ENV_TURNS_MEAN = "env/turns_mean"
+ENV_TOOL_CALLS_MEAN = "env/tool_calls_mean"
+ENV_TOOL_ERRORS = "env/tool_errors"
+ENV_TRUNCATED_FRAC = "env/truncated_frac"
+ENV_REWARD_MEAN = "env/reward_mean"
+ENV_ERRORS = "env/errors"
 # Ray orchestration (orchestration.backend=ray)
 ORCH_STALENESS = "orchestration/staleness"
 ORCH_STALENESS_MEAN = "orchestration/staleness_mean"
@@ -342,6 +349,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "count"),
     MetricSpec(ROLLOUT_REFILLS,
                "extra rollout rounds dynamic sampling drew to replace uniform groups", "count"),
+    # multi-turn episodes (RL with env.name set)
+    MetricSpec(ENV_TURNS_MEAN, "model turns per episode of the step's first rollout, mean over episodes", "turns"),
+    MetricSpec(ENV_TOOL_CALLS_MEAN, "tool calls per episode, mean over the step's episodes", "calls"),
+    MetricSpec(ENV_TOOL_ERRORS, "tool calls of the step's episodes that failed (timeout, limit, exception, "
+               "unknown tool; answered with the error, the episode goes on)", "count"),
+    MetricSpec(ENV_TRUNCATED_FRAC, "fraction of episodes cut by env.max_turns, env.max_tokens or a turn's "
+               "rollout.max_new_tokens", "fraction"),
+    MetricSpec(ENV_REWARD_MEAN, "mean episode reward (the recipe's rewards on each episode's final answer)",
+               "reward"),
+    MetricSpec(ENV_ERRORS, "episodes an environment crash ended (scored 0, the run goes on)", "count"),
     # Ray orchestration
     MetricSpec(ORCH_STALENESS, "weights versions between the rollouts' sampler and the update that "
                "trains on them, the most over the step's tokens (0 on-policy; min(step - 1, K) with "
