@@ -11,6 +11,7 @@ per row, a partial rollout's rows are bitwise the one-call rollout's (the real n
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 import torch
@@ -208,3 +209,81 @@ def test_a_resumed_run_trains_and_drops_what_the_uninterrupted_one_did(runner):
     assert any(r["dropped"] for r in want)
     for key in (m.ORCH_STALENESS, m.ORCH_STALENESS_MEAN, m.ORCH_PARTIAL_ROWS, m.ORCH_DROPPED_ROWS, m.REWARD_MEAN):
         assert [r["metrics"][key] for r in got] == [r["metrics"][key] for r in want], key
+
+
+# -- the real native engine: continuing a row re-submits its tokens as the prompt ---------------
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    from rltt.orchestration.policy import load_policy
+    from rltt.rollout import NativeEngine
+
+    from ..helpers import tiny_checkpoint
+
+    model, tok = load_policy(tiny_checkpoint(tmp_path_factory.mktemp("partial") / "policy"))
+    return NativeEngine(model), tok
+
+
+class NoEos:
+    """The engine, sampling past the end-of-sequence token (the tiny model's greedy rows end at once)."""
+
+    weights_version = 0
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompts, params):
+        return self.engine.generate(prompts, replace(params, ignore_eos=True))
+
+
+def _segmented(native, runner, segment: int, temperature: float, max_new: int = 10, steps: int = 1,
+               wrap=lambda engine: engine):
+    """The groups of the first ``steps`` steps' prompts generated segment by segment at version 0
+    (the learner never finishes), and the one-call rollout of those groups."""
+    engine, tok = native
+    engine = wrap(engine)
+    r = recipe(2, steps, max_new=max_new)
+    r.rollout.temperature, r.rollout.exit_policy = temperature, "threshold:0.5"
+    step = PartialStep(r, engine, FakeLearner(10**6), PromptStream(r.data.source, lambda s: tok(
+        s, add_special_tokens=False).input_ids, lambda q: q, seed=r.data.seed), runner, tok.decode, [],
+        max_staleness=2, segment_tokens=segment, last_step=steps)
+    step._admit()
+    ticks = 0
+    while step.flight:
+        step._tick()
+        ticks += 1
+    groups = sorted(step.done, key=lambda g: g.index)
+    full = engine.generate([g.task.prompt_ids for g in groups],  # the batch the first segment ran
+                           step.sampling_base([g.seed for g in groups], r.rollout.group_size, max_new))
+    return step, groups, full, ticks
+
+
+def test_with_one_segment_a_partial_rollout_is_the_one_call_rollout(native, runner):
+    from rltt.orchestration.ray.partial_rows import group_batch
+    from rltt.orchestration.ray.shards import merge
+
+    step, groups, full, ticks = _segmented(native, runner, segment=10, temperature=1.0)
+    assert ticks == 1 and len(groups) == 2  # the last step's prompts only
+    got = merge([group_batch(g, full.params, full.num_loops, full.dtype, full.pad_id, full.schedule.kind)
+                 for g in groups], full.params, 0.0)
+    for name in ("prompt_index", "completion_ids", "completion_lengths", "exit_steps", "logprobs",
+                 "tempered_logprobs", "exit_logprobs", "kept_floor"):
+        assert torch.equal(getattr(got, name), getattr(full, name)), name
+    assert torch.equal(got.gate_probs.isnan(), full.gate_probs.isnan())
+    assert torch.equal(got.gate_probs.nan_to_num(), full.gate_probs.nan_to_num())
+    assert got.finish_reasons == full.finish_reasons and bool((got.versions[got.completion_mask] == 0).all())
+
+
+def test_a_greedy_row_continued_in_segments_is_the_one_call_row(native, runner):
+    """Segments of 2 tokens re-prefill the tokens so far: the same greedy tokens and exits, and the
+    same log-probs up to float rounding (the prefix's states are computed in a prefill instead of
+    decode passes)."""
+    step, groups, full, ticks = _segmented(native, runner, segment=2, temperature=0.0, steps=2, wrap=NoEos)
+    assert len(groups) == 4 and ticks == 5  # 10 tokens
+    rows = [row for g in groups for row in g.rows]
+    for j, row in enumerate(rows):
+        n = int(full.completion_lengths[j])
+        assert row.ids == full.completion_ids[j, :n].tolist()
+        assert row.segments == max(1, -(-n // 2))
+        assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
+        torch.testing.assert_close(row.tokens["logprobs"], full.logprobs[j, :n], rtol=0, atol=1e-5)

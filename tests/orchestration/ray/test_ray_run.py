@@ -15,7 +15,8 @@ import pytest
 from rltt.cli.main import main
 from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
-from rltt.orchestration.ray.overlap import OVERLAP_SAVED, RESHARDS, STALENESS, STALENESS_MEAN, WORKER_RESTARTS
+from rltt.orchestration.ray.overlap import (LEARNER_IDLE, OVERLAP_SAVED, RESHARDS, ROLLOUT_IDLE, STALENESS,
+                                            STALENESS_MEAN, WORKER_RESTARTS)
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.telemetry import read_metrics
 
@@ -29,7 +30,7 @@ RAY = ["orchestration.backend=ray", "orchestration.ray.timeout_s=120"]
 
 def timing(key: str) -> bool:
     return key.startswith(("time/", "throughput/")) or key in ("wall_time", "memory/peak_gb") \
-        or key == OVERLAP_SAVED
+        or key in (OVERLAP_SAVED, LEARNER_IDLE, ROLLOUT_IDLE)
 
 
 def assert_same_metrics(got: list[dict], want: list[dict], exact: bool = False, rel: float = 1e-5,
