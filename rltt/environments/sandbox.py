@@ -71,11 +71,10 @@ MAX_SOURCE_CHARS = 16_000
 #: Largest file the code may write (RLIMIT_FSIZE), and how many files it may hold open.
 FILE_SIZE_MB = 64
 OPEN_FILES = 64
-#: Grace after the CPU limit's soft signal before the hard limit's SIGKILL.
-_CPU_HARD_EXTRA_S = 1
 
 # Child-side code. Kept to builtins and small extension modules so a call starts fast; it talks
-# to the parent through a status pipe: one ``repr((kind, message, network))`` record.
+# to the parent through a status pipe: one ``repr((kind, message, network, [first refusal],
+# landlock ABI))`` record. The CPU limit's hard value is one second past the soft one (SIGXCPU).
 _CHILD = r'''
 import os, sys
 def _main():
@@ -147,6 +146,7 @@ def _main():
         import traceback
         sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
         return report("syntax", f"{type(exc).__name__}: {exc}")
+    sys.argv = ["<tool>"]
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(body, scope)
