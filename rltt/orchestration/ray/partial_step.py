@@ -226,6 +226,7 @@ class PartialStep(TrainingStep):
         """The buffer (tokens so far, per-token versions and log-probs of every row) and its counters."""
         return {"partial": {"flight": [g.plain() for g in self.flight], "done": [g.plain() for g in self.done],
                             "admitted": self.admitted, "taken": self.taken, "dropped_rows": self.dropped_rows,
+                            "dropped": [g.plain() for g in self.dropped],
                             "kind": self._kind, "dtype": str(self._dtype), "loops": self._loops}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -235,5 +236,6 @@ class PartialStep(TrainingStep):
         self.flight = [Group.from_plain(g) for g in plain["flight"]]
         self.done = [Group.from_plain(g) for g in plain["done"]]
         self.admitted, self.taken, self.dropped_rows = plain["admitted"], plain["taken"], plain["dropped_rows"]
+        self.dropped = [Group.from_plain(g) for g in plain.get("dropped", [])]
         self._kind, self._loops = plain["kind"], plain["loops"]
         self._dtype = getattr(torch, plain["dtype"].removeprefix("torch."))
