@@ -25,6 +25,13 @@ what the loss's ratio is clipped against), so c_j = π_prox/π_behav and the los
 the aggregation's normaliser (IcePop's form), so micro-batch weighting is unchanged. The band
 tests are made in log space, and a sequence ratio that overflows is capped or masked. A new
 correction is one function and one line of :data:`CORRECTIONS`.
+
+Mixed versions (``orchestration.partial_rollouts``, docs/async.md): a row's tokens may have been
+sampled with different weights versions (``LearnerBatch.versions``). ``sampler_logp`` holds each
+token's log-prob under the version that sampled it, so δ_j — and every weight above — is per token
+against that token's own behaviour policy, and a sequence ratio W = Π_j w_j is the ratio to the
+mixture of policies that actually produced the sequence; nothing here depends on the versions
+themselves.
 """
 
 from __future__ import annotations
