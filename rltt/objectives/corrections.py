@@ -30,8 +30,8 @@ Mixed versions (``orchestration.partial_rollouts``, docs/async.md): a row's toke
 sampled with different weights versions (``LearnerBatch.versions``). ``sampler_logp`` holds each
 token's log-prob under the version that sampled it, so δ_j — and every weight above — is per token
 against that token's own behaviour policy, and a sequence ratio W = Π_j w_j is the ratio to the
-mixture of policies that actually produced the sequence; nothing here depends on the versions
-themselves.
+probability with which the sequence was actually sampled (each token under its own version);
+nothing here depends on the versions themselves.
 """
 
 from __future__ import annotations
