@@ -32,6 +32,11 @@ LEARNER_IDLE = m.ORCH_LEARNER_IDLE_FRAC
 ROLLOUT_IDLE = m.ORCH_ROLLOUT_IDLE_FRAC
 
 
+def idle_fraction(busy_s: float, window_s: float) -> float:
+    """The share of ``window_s`` (a step's wall time) not covered by ``busy_s`` seconds of work."""
+    return 1.0 - min(1.0, busy_s / window_s) if window_s > 0 else 0.0
+
+
 @dataclass
 class Sampled:
     """One step's rollout phase: its groups, metrics, the weights version it sampled with, seconds."""
@@ -94,8 +99,8 @@ class OverlappedStep(TrainingStep):
         self._step, self._fresh, self._gen_s = step, [], 0.0
         metrics = super().__call__(step)
         window = metrics[m.TIME_STEP]
-        metrics[LEARNER_IDLE] = 1.0 - min(1.0, self.learner.last_update_s / window) if window > 0 else 0.0
-        metrics[ROLLOUT_IDLE] = 1.0 - min(1.0, self._gen_s / window) if window > 0 else 0.0
+        metrics[LEARNER_IDLE] = idle_fraction(self.learner.last_update_s, window)
+        metrics[ROLLOUT_IDLE] = idle_fraction(self._gen_s, window)
         used = self._used
         if metrics[m.TIME_ROLLOUT] < used.seconds:  # sampled ahead: its own time, not the wait for it
             metrics[m.TIME_ROLLOUT] = used.seconds

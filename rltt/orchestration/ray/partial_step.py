@@ -34,16 +34,13 @@ import torch
 
 from rltt.orchestration.groups import score_groups, score_rollout
 from rltt.orchestration.ray import shards
+from rltt.orchestration.ray.overlap import idle_fraction
 from rltt.orchestration.ray.partial_rows import Group, Row, group_batch, segment_seed
 from rltt.orchestration.step import TrainingStep, rollout_metrics, rollout_seed
 from rltt.telemetry import schema as m
 
 #: The ``step`` part of a partial-rollout group's seed, keyed by its stream position: no step of a run is -1.
 SEED_STEP = -1
-
-
-def _idle(busy_s: float, window_s: float) -> float:
-    return 1.0 - min(1.0, busy_s / window_s) if window_s > 0 else 0.0
 
 
 class PartialStep(TrainingStep):
@@ -210,8 +207,8 @@ class PartialStep(TrainingStep):
         window = metrics[m.TIME_STEP]
         tokens = int(self.trained_tokens())
         metrics[m.THROUGHPUT_TOKENS_PER_S] = tokens / max(window, 1e-9)  # the batch's tokens per second of step
-        metrics[m.ORCH_LEARNER_IDLE_FRAC] = _idle(self.learner.last_update_s, window)
-        metrics[m.ORCH_ROLLOUT_IDLE_FRAC] = _idle(self.gen_s, window)
+        metrics[m.ORCH_LEARNER_IDLE_FRAC] = idle_fraction(self.learner.last_update_s, window)
+        metrics[m.ORCH_ROLLOUT_IDLE_FRAC] = idle_fraction(self.gen_s, window)
         log = getattr(self.engine, "log", None)
         if log is not None:
             metrics[m.ORCH_WORKER_RESTARTS] = log.restarts("rollout")
