@@ -287,3 +287,22 @@ def test_a_greedy_row_continued_in_segments_is_the_one_call_row(native, runner):
         assert row.segments == max(1, -(-n // 2))
         assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
         torch.testing.assert_close(row.tokens["logprobs"], full.logprobs[j, :n], rtol=0, atol=1e-5)
+
+
+def test_a_stop_string_spanning_two_segments_ends_the_row_there():
+    from rltt.orchestration.ray.partial_rows import Row
+    from rltt.rollout import SamplingParams
+
+    engine = FakeEngine()
+    decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    first = engine.generate([[LONG, 12]], SamplingParams(max_new_tokens=4, prompt_seeds=[5]))
+    second = engine.generate([[LONG, 12, *first.completion(0)]], SamplingParams(max_new_tokens=4, prompt_seeds=[6]))
+    a, b = first.completion(0), second.completion(0)
+    for stop, length, finish in ((f"{a[-1]} {b[0]}", 5, "stop"), (f"{b[1]} {b[2]}", 7, "stop"), ("no such", 8, None)):
+        params = SamplingParams(max_new_tokens=12, stop_strings=[stop], decoder=decode)
+        row = Row.empty(LOOPS)
+        row.extend(first, 0, 0, 4, params)
+        row.extend(second, 0, 1, 4, params)
+        assert (len(row), row.finish) == (length, finish), stop
+        assert row.ids == (a + b)[:length] and row.tokens["versions"].tolist() == [0] * 4 + [1] * (length - 4)
+        assert row.gates.shape == (LOOPS, length)
