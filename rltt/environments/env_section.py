@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from rltt.config import PositiveFloat, PositiveInt, Range, recipe_error
 from rltt.environments.registry import ENVIRONMENTS
-from rltt.environments.tools import MIN_MEMORY_MB, MIN_OUTPUT_CHARS, TOOL_CALL_END, ToolLimits
+from rltt.environments.tools import MIN_MEMORY_MB, MIN_OUTPUT_CHARS, ToolLimits
 
 #: ``env.name`` without an environment: every row is one completion, the single-turn step
 NO_ENV = "none"
@@ -36,14 +36,15 @@ class EnvSection:
     without a call). ``max_turns``: model turns per episode; ``max_tokens``: the episode's
     completion budget, model and environment tokens together (each model turn is further capped
     by ``rollout.max_new_tokens``); an episode that runs out of either ends *truncated*.
-    ``stop_strings``: where a model turn ends besides EOS (default the tool-call close tag ``</tool>``).
+    ``stop_strings``: where a model turn ends besides EOS (null: the environment's own — ``tools``:
+    the tool-call close tag ``</tool>``; ``annotations``: ``=``).
     ``limits``: per tool call."""
 
     name: Literal[(NO_ENV, *ENVIRONMENTS)] = NO_ENV  # type: ignore[valid-type]  # the environment table's names
     tools: list[str] = field(default_factory=lambda: ["python"])
     max_turns: Annotated[int, Range(ge=1, le=64)] = 4
     max_tokens: PositiveInt = 512
-    stop_strings: list[str] = field(default_factory=lambda: [TOOL_CALL_END])
+    stop_strings: list[str] | None = None  # null: the environment's own (tools: the call's close tag)
     limits: ToolLimitsSection = field(default_factory=ToolLimitsSection)
 
     @property
@@ -53,7 +54,7 @@ class EnvSection:
     def validate(self) -> None:
         if not self.enabled:
             return
-        if any(not s for s in self.stop_strings):
+        if self.stop_strings is not None and any(not s for s in self.stop_strings):
             raise recipe_error("env.stop_strings", "must be non-empty strings")
         ENVIRONMENTS[self.name].check_section(self)
 

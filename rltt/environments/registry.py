@@ -7,10 +7,12 @@ recipe errors for what it needs of the section, checked when the recipe loads).
 
 from __future__ import annotations
 
+from rltt.environments.annotation_env import AnnotationEnvironment
 from rltt.environments.tool_env import ToolEnvironment
 
 ENVIRONMENTS = {
-    "tools": ToolEnvironment,
+    "tools": ToolEnvironment,  # <tool name="…">…</tool> calls of env.tools (python, calculator)
+    "annotations": AnnotationEnvironment,  # GSM8K calculator annotations <<EXPR= answered VALUE>>
 }
 
 

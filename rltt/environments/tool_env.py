@@ -33,7 +33,8 @@ class ToolEnvironment(Environment):
 
     @classmethod
     def from_section(cls, section) -> "ToolEnvironment":
-        return cls(section.tools, section.limits.tool_limits(), tuple(section.stop_strings))
+        stops = (tool_layer.TOOL_CALL_END,) if section.stop_strings is None else tuple(section.stop_strings)
+        return cls(section.tools, section.limits.tool_limits(), stops)
 
     @staticmethod
     def check_section(section) -> None:

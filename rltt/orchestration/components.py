@@ -40,7 +40,9 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     Call it before `make_learner`: other backends than an in-place learner need a separate
     copy, taken before DeepSpeed wraps (and under ZeRO-3 partitions) the learner's model; an
     engine that loads its own copy (vLLM) saves that copy once for its loader."""
-    sizing = {"prompt_tokens": recipe.data.max_prompt_tokens}  # what an engine sizing itself plans for
+    prompt = recipe.data.max_prompt_tokens  # a multi-turn episode's later turns are prompted with prompt + history
+    env = getattr(recipe, "env", None)
+    sizing = {"prompt_tokens": prompt + (env.max_tokens if env is not None and env.enabled else 0)}
     if shares_model(recipe):
         return engine_for_section(recipe.rollout, model, **sizing)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))

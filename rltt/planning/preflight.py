@@ -53,7 +53,8 @@ def eval_cost(recipe, prompts: int, loops: int) -> EvalCost:
     from rltt.planning.run_settings import completion_width
 
     r = recipe.rollout
-    return EvalCost(prompts=prompts, samples=recipe.train.eval_samples, max_tokens=completion_width(r),
+    return EvalCost(prompts=prompts, samples=recipe.train.eval_samples,
+                    max_tokens=completion_width(r, getattr(recipe, "env", None)),
                     loops=loops, step_rows=r.prompts_per_step * r.group_size)
 
 

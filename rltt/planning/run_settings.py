@@ -8,8 +8,10 @@ of each field for the verdict line. ``learner.activation_checkpointing`` is read
 Sequence length: ``data.max_prompt_tokens`` + the completion width, which is
 ``rollout.max_new_tokens`` or, with a thinking budget (``rollout.thinking.budget`` > 0), the longest
 forced completion ``budget + interruption + answer_budget`` when that is longer — the width the
-native engine preallocates. Without a tokenizer the interruption's token count is bounded by its
-UTF-8 bytes (a byte-level BPE token covers at least one byte).
+native engine preallocates — or, with a multi-turn environment, ``env.max_tokens`` (the longest
+episode: prompt + ``env.max_tokens`` positions) when that is longer. Without a tokenizer the
+interruption's token count is bounded by its UTF-8 bytes (a byte-level BPE token covers at least
+one byte).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class RunSettings:
             engine=r.engine, vllm_utilization=r.vllm.gpu_memory_utilization, vllm_kv_gb=r.vllm.kv_cache_gb,
             prompts_per_step=r.prompts_per_step, group_size=r.group_size,
             prompt_tokens=recipe.data.max_prompt_tokens,
-            completion_tokens=completion_width(r), top_p=r.top_p, top_k=r.top_k,
+            completion_tokens=completion_width(r, getattr(recipe, "env", None)), top_p=r.top_p, top_k=r.top_k,
             chunk_rows=r.chunk_rows, pack_sequences=bool(getattr(learner, "pack_sequences", True)),
             fp32_head=getattr(learner, "lm_head_dtype", "model") == "fp32",
             vllm_sleep=(device == "cuda") if r.vllm.sleep is None else (bool(r.vllm.sleep) and device == "cuda"),
@@ -146,10 +148,15 @@ class RunSettings:
         return prompts * p + m * suffix, m * c, prompts * p + m * (p + suffix)
 
 
-def completion_width(rollout) -> int:
-    """The completion positions the engine allocates per row (module docstring)."""
+def completion_width(rollout, env=None) -> int:
+    """The completion positions the engine allocates per row (module docstring); with a multi-turn
+    environment (``env.name`` set) the episode's ``env.max_tokens`` when longer: its last turn runs
+    on prompt + history, and the learner scores prompt + the whole episode."""
     thinking = rollout.thinking
-    if not thinking.budget:
-        return rollout.max_new_tokens
-    forced = thinking.budget + len(thinking.interruption.encode("utf-8")) + thinking.answer_budget
-    return max(rollout.max_new_tokens, forced)
+    width = rollout.max_new_tokens
+    if thinking.budget:
+        forced = thinking.budget + len(thinking.interruption.encode("utf-8")) + thinking.answer_budget
+        width = max(width, forced)
+    if env is not None and getattr(env, "enabled", False):
+        width = max(width, env.max_tokens)
+    return width

@@ -19,7 +19,7 @@ from rltt.planning.footprint import GIB
 from tests.planning.helpers import OURO_1_4B
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-GPU_RECIPES = ("gsm8k.yaml", "gsm8k-thinking.yaml", "rltt-math.yaml")
+GPU_RECIPES = ("gsm8k.yaml", "gsm8k-thinking.yaml", "rltt-math.yaml", "gsm8k-tools.yaml")
 
 CLAIM = re.compile(r"`rltt plan recipes/(?P<name>[\w.-]+\.yaml) --gpu-memory (?P<gib>[\d.]+)(?P<overrides>(?: [\w.]+=\S+?)*)`"
                    r"(?P<figures>.*?)(?=`rltt plan |$)")
