@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 K = 2
 PARTIAL = ["train.steps=4", "train.eval_every=0", "checkpoint.every=1", "orchestration.backend=ray",
            "orchestration.ray.timeout_s=120", f"orchestration.max_staleness={K}", "orchestration.partial_rollouts=true",
-           "orchestration.partial_segment_tokens=2"]
+           "orchestration.partial_segment_tokens=1", "rollout.max_new_tokens=16"]
 
 
 def test_partial_rollouts_resume_neither_skips_nor_repeats_a_prompt(ray_cluster, tmp_path, monkeypatch):
