@@ -33,10 +33,12 @@ from dataclasses import replace
 import torch
 
 from rltt.orchestration.groups import score_groups, score_rollout
+from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.ray import shards
 from rltt.orchestration.ray.overlap import idle_fraction
 from rltt.orchestration.ray.partial_rows import Group, Row, group_batch, segment_seed
 from rltt.orchestration.step import TrainingStep, rollout_metrics, rollout_seed
+from rltt.rollout import SamplingParams
 from rltt.telemetry import schema as m
 
 #: The ``step`` part of a partial-rollout group's seed, keyed by its stream position: no step of a run is -1.
@@ -66,9 +68,9 @@ class PartialStep(TrainingStep):
     def group_size(self) -> int:
         return self.recipe.rollout.group_size
 
-    def sampling_base(self, seeds: list[int], n: int, max_new_tokens: int):
-        from rltt.orchestration.policy import sampling_params
-
+    def sampling_base(self, seeds: list[int], n: int, max_new_tokens: int) -> SamplingParams:
+        """The run's sampling settings for ``seeds`` (one per prompt), ``n`` rows each, at most
+        ``max_new_tokens`` (no thinking budget: refused with partial rollouts)."""
         return sampling_params(self.recipe.rollout, self.stop_token_ids, self.decode, None,
                                seed=rollout_seed(self.recipe.seed, SEED_STEP, 0, -1), prompt_seeds=list(seeds),
                                n=n, max_new_tokens=max_new_tokens)
