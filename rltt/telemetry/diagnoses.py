@@ -146,6 +146,15 @@ MISMATCH_GROWTH_FLOOR = 0.1
 #: Truncation: median length/trunc_frac over the late window above this.
 TRUNC_FRAC_MAX = 0.2
 
+#: Multi-turn episodes (env.name set): the tool is never called when the median of
+#: env/tool_calls_mean over the late window is at or below this (episodes stay single-turn) ...
+ENV_TOOL_CALLS_MIN = 0.01
+#: ... and episodes run into their limits when the median env/truncated_frac over the late
+#: window is above this; "the turn limit" when, besides, the median env/turns_mean reaches
+#: ENV_TURN_LIMIT_SHARE × env.max_turns of the run's resolved recipe.
+ENV_TRUNCATED_MAX = 0.5
+ENV_TURN_LIMIT_SHARE = 0.9
+
 #: Entropy collapse: median entropy of the last loop over the late window below this
 #: (nats/token) ...
 ENTROPY_COLLAPSE_MIN = 0.05
@@ -771,6 +780,65 @@ def check_truncation(run: RunData) -> Diagnosis | None:
         detail=f"{med:.0%} of the completions end at the length limit.")
 
 
+def check_tools_unused(run: RunData) -> Diagnosis | None:
+    """Multi-turn episodes whose policy never calls the tool: every episode is one turn."""
+    steps, calls = run.series(schema.ENV_TOOL_CALLS_MEAN)
+    if len(calls) < MIN_POINTS:
+        return None
+    ws, wc = late_window(steps, calls)
+    med = float(np.median(wc))
+    if med > ENV_TOOL_CALLS_MIN:
+        return None
+    return Diagnosis(
+        "tools_unused", Severity.WARNING, "The policy never calls the tool",
+        (Evidence(schema.ENV_TOOL_CALLS_MEAN, _span(ws), "median", med, "<=", ENV_TOOL_CALLS_MIN),),
+        "show the call syntax in the prompt (data.system_prompt or data.prompt_template) and check that "
+        "env.stop_strings matches it; a policy that never calls cannot learn from the tool",
+        detail="Every episode ended at its first turn: the run trains as a single-turn one.")
+
+
+def _recipe_value(run: RunData, section: str, key: str):
+    """``section.key`` of the run's ``RUN_DIR/recipe.resolved.yaml`` (None when not known)."""
+    if not (run.path / METRICS_FILE).is_file() or not (run.path / RESOLVED_RECIPE).is_file():
+        return None
+    try:
+        import yaml
+
+        recipe = yaml.safe_load((run.path / RESOLVED_RECIPE).read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    part = recipe.get(section)
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def check_turn_limit(run: RunData) -> Diagnosis | None:
+    """Most multi-turn episodes end cut by env.max_turns / env.max_tokens, not by a final answer."""
+    steps, frac = run.series(schema.ENV_TRUNCATED_FRAC)
+    if len(frac) < MIN_POINTS:
+        return None
+    ws, wf = late_window(steps, frac)
+    med = float(np.median(wf))
+    if med <= ENV_TRUNCATED_MAX:
+        return None
+    evidence = [Evidence(schema.ENV_TRUNCATED_FRAC, _span(ws), "median", med, ">", ENV_TRUNCATED_MAX)]
+    max_turns = _recipe_value(run, "env", "max_turns")
+    tsteps, turns = run.series(schema.ENV_TURNS_MEAN)
+    at_turns = False
+    if isinstance(max_turns, int) and len(turns):
+        tws, twt = late_window(tsteps, turns)
+        turns_med = float(np.median(twt))
+        at_turns = turns_med >= ENV_TURN_LIMIT_SHARE * max_turns
+        if at_turns:
+            evidence.append(Evidence(schema.ENV_TURNS_MEAN, _span(tws), "median", turns_med, ">=",
+                                     ENV_TURN_LIMIT_SHARE * max_turns))
+    title = "Episodes run to the turn limit" if at_turns else "Episodes are cut by their limits"
+    return Diagnosis(
+        "turn_limit", Severity.WARNING, title, tuple(evidence),
+        "raise env.max_turns (or env.max_tokens), or reward a final answer: a cut episode's last turn "
+        "still calls a tool, so it is scored without an answer and usually gets 0",
+        detail=f"{med:.0%} of the episodes end truncated.")
+
+
 def check_entropy_collapse(run: RunData) -> Diagnosis | None:
     """The policy's token entropy (last loop) collapsed towards zero."""
     loops = run.indexed(schema.ENTROPY_LOOP)
@@ -854,6 +922,10 @@ CHECKS: tuple[Check, ...] = (
     Check("reward_errors", "reward errors", (schema.REWARD_ERRORS,), check_reward_errors),
     Check("truncation", "truncation", (schema.LENGTH_TRUNC_FRAC,), check_truncation),
     Check("entropy_collapse", "entropy collapse", (schema.ENTROPY_LOOP,), check_entropy_collapse),
+    # a single-turn RL run (reward/mean, no env/*) has no episodes to find anything in
+    Check("tools_unused", "tools never called", (schema.ENV_TOOL_CALLS_MEAN, schema.REWARD_MEAN), check_tools_unused),
+    Check("turn_limit", "episodes at the turn limit", (schema.ENV_TRUNCATED_FRAC, schema.REWARD_MEAN),
+          check_turn_limit),
     # an RL run without these metrics has nothing to find: one process alternates sampling and updates,
     # and only partial rollouts drop rows — so any RL run (reward/mean) counts as checked
     Check("learner_waiting", "learner waiting for rollouts", (schema.ORCH_LEARNER_IDLE_FRAC, schema.REWARD_MEAN),
