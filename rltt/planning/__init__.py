@@ -4,6 +4,7 @@
 - `settings`: the recipe values memory depends on (`RunSettings`);
 - `activations`, `rollout_memory`: the per-micro-batch and per-chunk formulas;
 - `footprint`: per-device bytes of each part and the two phases' peaks;
+- `held_rows`: host memory of the rows an asynchronous (Ray, K ≥ 1) run holds ahead;
 - `chunking`: the rollout chunk (``rollout.chunk_rows: auto | N``);
 - `plan`: `plan_run(recipe, model_config_dict, device_bytes, gpus)` → `MemoryPlan`;
 - `advice`: the one-line verdict naming the recipe keys to change;

@@ -16,6 +16,7 @@ from rltt.planning import footprint as comp
 from rltt.planning.advice import problem_line
 from rltt.planning.chunking import chunks_per_step
 from rltt.planning.engine_memory import engine_memory
+from rltt.planning.held_rows import host_terms
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape, model_shape
 
@@ -48,6 +49,7 @@ class MemoryPlan:
     budget_bytes: int  # what the phases may fill: device_bytes × (1 - headroom)
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
+    host: dict[str, int] = field(default_factory=dict)  # host memory outside the device phases (`held_rows`)
 
     @property
     def sequence_tokens(self) -> int:
@@ -72,7 +74,7 @@ class MemoryPlan:
             "rollout_rows_per_chunk": self.rollout_rows_per_chunk, "chunk_rows_setting": self.chunk_rows_setting,
             "chunks_per_step": self.chunks_per_step, "components": dict(self.components), "phases": dict(self.phases),
             "peak_bytes": self.peak_bytes, "headroom": self.headroom, "budget_bytes": self.budget_bytes,
-            "problem": self.problem, "notes": list(self.notes),
+            "problem": self.problem, "notes": list(self.notes), "host": dict(self.host),
         }
 
 
@@ -98,6 +100,7 @@ def plan_run(recipe, model_config_dict: dict, device_bytes: int, gpus: int = 1,
     shape = model_shape(model_config_dict, recipe.model.convert)
     settings = RunSettings.from_recipe(recipe, device, gpus)
     plan = plan_settings(shape, settings, device_bytes)
+    plan.host = host_terms(recipe, plan.sequence_tokens)
     if not plan.fits:
         plan.problem = problem_line(shape, settings, device_bytes, plan, plan_settings)
     return plan

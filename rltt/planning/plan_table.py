@@ -28,6 +28,9 @@ LABELS = {
     "step_workspace": "optimizer-step workspace",
 }
 
+#: host-memory lines (`MemoryPlan.host`), outside the device phases
+HOST_LABELS = {"held_ahead": "rows held ahead (K steps)"}
+
 
 def _gib(n: int) -> str:
     return f"{n / GIB:8.2f}"
@@ -70,6 +73,9 @@ def format_plan(plan, title: str = "") -> str:
         "counts them; the CUDA context row is outside it); the caching allocator may reserve more "
         "(torch.cuda.memory_reserved: fragmentation, cached free blocks), which the headroom is left for",
     ]
+    for key, value in plan.host.items():
+        lines.append(f"{HOST_LABELS[key]:<{width}}{_gib(value)}  host memory of the Ray driver ({value / 2**20:.1f} MiB), "
+                     f"not the device's")
     setting = "auto" if plan.chunk_rows_setting == "auto" else f"rollout.chunk_rows={plan.chunk_rows_setting}"
     line = engine.chunk_line(rows, plan.rows_per_rank, setting, plan.chunks_per_step)
     if line:
