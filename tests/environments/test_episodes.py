@@ -80,6 +80,8 @@ def test_bf16_replay_is_bitwise():
     model = tiny_model(dtype=torch.bfloat16)
     episodes, _ = _run(model, "deferred")
     replay = replay_episode(model, episodes)
+    assert int(episodes.turns.max()) > 1
+    assert torch.equal(replay.logprobs, episodes.rollout.logprobs)
     assert torch.equal(replay.tempered_logprobs, episodes.rollout.tempered_logprobs)
     assert torch.equal(replay.exit_logprobs, episodes.rollout.exit_logprobs)
 
