@@ -7,9 +7,11 @@ K = 2 run's checkpoint.)"""
 
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.trainer import Trainer
@@ -18,6 +20,7 @@ from rltt.planning.held_rows import HeldRows
 from rltt.planning.plan_table import format_plan
 
 from ..orchestration.test_local import write_recipe
+from .helpers import TINY_LOOPED
 
 LOCAL = ["train.eval_every=0", "checkpoint.every=0"]
 
@@ -82,3 +85,20 @@ def test_the_plan_counts_k_steps_at_its_sequence_width_for_a_ray_run_only(tiny, 
     assert plan_run(local, config, 16 * 2**30, device="cpu").host == {}  # K = 0: nothing held
     k0 = load_train_recipe(path, ["orchestration.backend=ray"])
     assert plan_run(k0, config, 16 * 2**30, device="cpu").host == {}
+
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def test_the_longtail_recipe_is_the_quickstart_with_longer_completions_on_ray_and_plans_its_held_rows():
+    quick = yaml.safe_load((RECIPES / "quickstart.yaml").read_text())
+    tail = yaml.safe_load((RECIPES / "quickstart-longtail.yaml").read_text())
+    assert tail.pop("orchestration") == {"backend": "ray", "max_staleness": 2,
+                                         "ray": {"rollout_workers": 1, "learners": 1, "num_cpus": 1}}
+    assert (tail["rollout"].pop("max_new_tokens"), quick["rollout"].pop("max_new_tokens")) == (80, 48)
+    assert (tail["logging"].pop("run_dir"), quick["logging"].pop("run_dir")) == ("runs/quickstart-longtail",
+                                                                                 "runs/quickstart")
+    assert tail == quick
+    recipe = load_train_recipe(RECIPES / "quickstart-longtail.yaml")
+    plan = plan_run(recipe, TINY_LOOPED, 16 * 2**30, device="cpu")
+    assert plan.host == {"held_ahead": 2 * HeldRows.from_recipe(recipe, plan.sequence_tokens).step_bytes()}
