@@ -33,6 +33,18 @@ PAD = {"completion_ids": None, "exit_steps": 0, "logprobs": 0.0, "tempered_logpr
        "kept_floor": -1, "versions": -1}
 
 
+def token_bytes(loops: int) -> int:
+    """Host bytes a row holds per completion token: its `TOKEN_FIELDS` and its ``loops`` gates (fp32)."""
+    return sum(torch.empty(0, dtype=dtype).element_size() for _, dtype in TOKEN_FIELDS) + 4 * loops
+
+
+def buffer_bytes(max_staleness: int, prompts_per_step: int, group_size: int, max_new_tokens: int,
+                 loops: int) -> int:
+    """The most a `PartialStep` buffer's rows hold: K · P groups of G rows of ``max_new_tokens``
+    tokens (the prompts ride in each group's `Task` as Python lists, not counted)."""
+    return max_staleness * prompts_per_step * group_size * max_new_tokens * token_bytes(loops)
+
+
 def segment_seed(seed: int, sample: int, segment: int) -> int:
     """The prompt seed of segment ``segment`` (≥ 1) of sample ``sample`` of a group seeded ``seed``."""
     return rollout_seed(seed, sample, segment, -2)
@@ -87,6 +99,11 @@ class Row:
             self.finish = "stop"
         elif len(self) >= params.max_new_tokens or n < asked:  # the budget, or the model's positions
             self.finish = "length"
+
+    def nbytes(self) -> int:
+        """Bytes of the row's tensors (`token_bytes` per token)."""
+        return sum(v.numel() * v.element_size() for v in self.tokens.values()) + \
+            self.gates.numel() * self.gates.element_size()
 
     def versions_spanned(self) -> int:
         v = self.tokens["versions"]

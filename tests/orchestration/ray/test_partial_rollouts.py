@@ -290,7 +290,7 @@ def test_a_greedy_row_continued_in_segments_is_the_one_call_row(native, runner):
 
 
 def test_a_stop_string_spanning_two_segments_ends_the_row_there():
-    from rltt.orchestration.ray.partial_rows import Row
+    from rltt.orchestration.ray.partial_rows import Row, token_bytes
     from rltt.rollout import SamplingParams
 
     engine = FakeEngine()
@@ -306,3 +306,4 @@ def test_a_stop_string_spanning_two_segments_ends_the_row_there():
         assert (len(row), row.finish) == (length, finish), stop
         assert row.ids == (a + b)[:length] and row.tokens["versions"].tolist() == [0] * 4 + [1] * (length - 4)
         assert row.gates.shape == (LOOPS, length)
+        assert row.nbytes() == length * token_bytes(LOOPS) == length * (44 + 4 * LOOPS)
