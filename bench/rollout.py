@@ -219,15 +219,17 @@ def run_vllm(args) -> tuple[list[dict], str]:
 
 def host_table(rows: list[dict]) -> str:
     lines = ["| batch (prompts × G) | schedule | tok/s | passes | operators per (layer · pass) "
-             "| launches per (layer · pass) | syncs per pass | host tensors per pass |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| launches per (layer · pass) | syncs per pass | host tensors per pass | made in a pass (uploaded) "
+             "| reads per pass (max) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         for schedule in ("dense", "deferred"):
             w = r[f"{schedule}_host"]
             lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {schedule} | "
                          f"{r[f'{schedule}_tps']:.1f} | {w['passes']} | {w['operators_per_layer_pass']:.1f} | "
                          f"{w['launches_per_layer_pass']:.1f} | {w['syncs_per_pass']:.2f} | "
-                         f"{w['host_tensors_per_pass']:.2f} |")
+                         f"{w['host_tensors_per_pass']:.2f} | {w['made_per_pass']:.2f} ({w['uploads_per_pass']:.2f}) | "
+                         f"{w['reads_per_pass']:.2f} ({w['max_reads_in_a_pass']}) |")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.kv_cache import GroupedAttend, SlotGroup, StepKVCache, plan_groups
+from rltt.rollout.kv_cache import GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload
 
 
 @dataclass
@@ -39,6 +39,7 @@ class _PassPlan:
     write_rows: torch.Tensor  # where the items' keys/values go (`GroupedAttend.write_rows_of`)
     carry_rows: torch.Tensor  # the items' rows of ``carry`` viewed as (R·max_len, d)
     gate_cells: torch.Tensor  # the items' cells of ``gates`` viewed flat (T·R·max_len,)
+    decode_cells: torch.Tensor  # each range's end (its decode token) in ``gates[t]`` viewed flat (R·max_len,)
 
     def restep(self, step: int, cache: StepKVCache) -> None:
         """The same ranges at another (uniform) step: move the cache slots the groups read and write."""
@@ -79,12 +80,14 @@ class PassExecutor:
         positions = torch.arange(max_len, device=self.device)[:, None]
         self.cos, self.sin = self.inner.rotary_emb(positions, self.dtype)  # (max_len, 1, D), once
         self._plan: _PassPlan | None = None
+        self._ran: _PassPlan | None = None  # the last pass's plan
 
     @torch.no_grad()
     def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
         """Execute one pass. Returns ``(h (N, d), gates (N,) fp32, last (n,))`` where items are
         ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
         plan = self._plan_for(rows, starts, ends, steps)
+        self._ran = plan
         embeds = plan.embeds
         step = steps[0] if plan.uniform else plan.item_steps  # an int keeps LoRA on its batched path
         carry_flat = self.carry.view(-1, self.carry.shape[-1])
@@ -109,33 +112,42 @@ class PassExecutor:
             return cached
         device = self.device
         sizes = [e - s + 1 for s, e in zip(starts, ends)]
-        counts = torch.tensor(sizes, device=device)
         n_items = sum(sizes)  # known on the host: no sync
-        rows_t = torch.tensor(rows, device=device)
-        steps_t = torch.tensor(steps, device=device)
+        layouts = layout_groups(rows, starts, ends, steps, self.num_rows)
+        # every index list of the plan in one upload; the rest is derived on the device
+        views = upload([rows, steps, ends, starts, sizes] + [x for g in layouts for x in g.lists()], device)
+        rows_t, steps_t, ends_t, starts_t, counts = views[:5]
         last = torch.cumsum(counts, 0) - 1
         if n_items == len(rows):
-            item_rows, item_steps, item_pos = rows_t, steps_t, torch.tensor(ends, device=device)
+            item_rows, item_steps, item_pos = rows_t, steps_t, ends_t
         else:
             owner = torch.repeat_interleave(torch.arange(len(rows), device=device), counts, output_size=n_items)
             item_rows, item_steps = rows_t[owner], steps_t[owner]
-            item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] \
-                + torch.tensor(starts, device=device)[owner]
+            item_pos = torch.arange(n_items, device=device) - (last - counts + 1)[owner] + starts_t[owner]
+        groups, at = [], 5
+        for g in layouts:
+            k = len(g.lists())
+            groups.append(g.build(views[at: at + k], self.num_rows, self.n_rep, self.dtype))
+            at += k
         plan = _PassPlan(
             key=key, uniform=uniform, step=steps[0], last=last, item_steps=item_steps,
             embeds=self.inner.embed_tokens(self.tokens[item_rows, item_pos]),
-            cos=self.cos[item_pos], sin=self.sin[item_pos],
-            groups=plan_groups(rows, starts, ends, steps, self.num_rows, self.n_rep, device, self.dtype),
+            cos=self.cos[item_pos], sin=self.sin[item_pos], groups=groups,
             write_rows=GroupedAttend.write_rows_of(self.cache, item_rows, item_pos, item_steps),
             carry_rows=item_rows * self.max_len + item_pos,
-            gate_cells=((item_steps - 1) * self.num_rows + item_rows) * self.max_len + item_pos)
+            gate_cells=((item_steps - 1) * self.num_rows + item_rows) * self.max_len + item_pos,
+            decode_cells=rows_t * self.max_len + ends_t)
         self._plan = plan if uniform else None
         return plan
 
-    def write_tokens(self, rows: list[int], positions: list[int], tokens: torch.Tensor) -> None:
-        """``tokens[rows[i], positions[i]] = tokens[i]`` as one ``index_copy_`` into the flat view."""
-        cells = torch.tensor([r * self.max_len + p for r, p in zip(rows, positions)], device=self.device)
-        self.tokens.view(-1).index_copy_(0, cells, tokens.to(self.device))
+    def decode_gates(self) -> torch.Tensor:
+        """(T, n) on the device: λ_1..λ_T of the decode token (each range's end) of the last pass's n
+        ranges (NaN at steps not computed)."""
+        return self.gates.view(self.num_loops, -1).index_select(1, self._ran.decode_cells)
+
+    def write_tokens(self, cells: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``tokens.view(-1)[cells[i]] = tokens[i]`` (cell ``row · max_len + position``), one ``index_copy_``."""
+        self.tokens.view(-1).index_copy_(0, cells, tokens)
 
     @torch.no_grad()
     def fork(self, pairs: list[list[int]]) -> None:

@@ -20,6 +20,22 @@ import torch
 import torch.nn.functional as F
 
 from rltt.model.layers import additive_mask
+from rltt.rollout.host_work import note_upload
+
+
+def upload(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Int64 device copies of host index ``lists``, made from ONE host tensor: one host-to-device copy
+    (from pinned memory, not waiting for the device, on CUDA) instead of one ``torch.tensor`` each."""
+    flat = [v for values in lists for v in values]
+    host = torch.tensor(flat, dtype=torch.long)
+    note_upload()
+    if device.type != "cpu":
+        host = host.pin_memory().to(device, non_blocking=True)
+    out, at = [], 0
+    for values in lists:
+        out.append(host[at: at + len(values)])
+        at += len(values)
+    return out
 
 
 class StepKVCache:
@@ -59,61 +75,111 @@ class SlotGroup:
     # of gathering their keys (a copy of the whole cache slice per layer and pass)
 
 
+@dataclass
+class GroupLayout:
+    """The host side of a `SlotGroup`: its entries' index lists (Python ints, from the pass's ranges)
+    and sizes. `layout_groups` makes them; the lists travel to the device in the pass's one upload
+    (``lists``), and `build` turns their device copies into the group's tensors."""
+
+    m: int  # entries
+    n: int  # items
+    width: int
+    key_len: int
+    whole: bool  # the group holds every item of the pass, in order
+    ends: list[int]
+    slots: list[int]
+    counts: list[int] | None  # width > 1
+    starts: list[int] | None  # width > 1
+    items: list[int] | None  # not whole
+    pad_rows: list[int] | None
+    step_view: int | None
+
+    def lists(self) -> list[list[int]]:
+        return [x for x in (self.ends, self.slots, self.counts, self.starts, self.items, self.pad_rows) if x is not None]
+
+    def build(self, views: list[torch.Tensor], num_cache_rows: int, n_rep: int, dtype: torch.dtype) -> SlotGroup:
+        """The group's tensors from the device copies of `lists` (in that order), by tensor ops."""
+        views = iter(views)
+        ends_t, slots = next(views), next(views)
+        counts_t = next(views) if self.counts is not None else None
+        starts_t = next(views) if self.starts is not None else None
+        items = next(views) if self.items is not None else None
+        pad_rows = next(views) if self.pad_rows is not None else None
+        device, m, width, key_len = ends_t.device, self.m, self.width, self.key_len
+        keys = torch.arange(key_len, device=device)
+        if width == 1:
+            slot_row = slot_col = None
+            query_pos = ends_t[:, None]  # (m, 1)
+        else:
+            slot_row = torch.repeat_interleave(torch.arange(m, device=device), counts_t, output_size=self.n)
+            first = torch.cumsum(counts_t, 0) - counts_t
+            slot_col = torch.arange(self.n, device=device) - first[slot_row]
+            query_pos = torch.zeros(m, width, dtype=torch.long, device=device)  # padding → key 0
+            query_pos[slot_row, slot_col] = starts_t[slot_row] + slot_col
+        mask = keys[None, None, :] <= query_pos[:, :, None]  # (m, width, K)
+        if n_rep > 1:  # grouped-query heads folded into the query axis: (m, n_rep·width, K)
+            mask = mask[:, None].expand(-1, n_rep, -1, -1).reshape(m, n_rep * width, key_len)
+        if pad_rows is not None:
+            full = torch.zeros(num_cache_rows, n_rep, key_len, dtype=torch.bool, device=device)
+            full[:, :, 0] = True  # rows without an entry: any finite row (its output is dropped)
+            full[pad_rows] = mask
+            mask = full
+        return SlotGroup(items=items, slots=slots, step_view=self.step_view, key_len=key_len,
+                         mask=additive_mask(mask[:, None], dtype), width=width, slot_row=slot_row,
+                         slot_col=slot_col, pad_rows=pad_rows)
+
+
 def plan_groups(rows: list[int], starts: list[int], ends: list[int], steps: list[int], num_cache_rows: int,
                 n_rep: int, device: torch.device, dtype: torch.dtype = torch.float32) -> list[SlotGroup]:
+    """The attention groups of a pass on their own (`layout_groups`, one upload, `GroupLayout.build`);
+    `PassExecutor` folds the layouts' lists into its pass's single upload instead."""
+    layouts = layout_groups(rows, starts, ends, steps, num_cache_rows)
+    views = upload([x for g in layouts for x in g.lists()], device)
+    groups, at = [], 0
+    for g in layouts:
+        k = len(g.lists())
+        groups.append(g.build(views[at: at + k], num_cache_rows, n_rep, dtype))
+        at += k
+    return groups
+
+
+def layout_groups(rows: list[int], starts: list[int], ends: list[int], steps: list[int],
+                  num_cache_rows: int) -> list[GroupLayout]:
     """Group a pass's (row, start..end, step) entries for attention: one group of the single-token
     entries (plain decode) and one of the multi-token entries (prefill, pending positions), whatever
     their steps — so a depth-mixed pass costs as many attention calls as a uniform one, and
-    single-token entries are not padded to the width of the others."""
+    single-token entries are not padded to the width of the others. Host work only (Python lists)."""
     counts = [e - s + 1 for s, e in zip(starts, ends)]
     offsets = [0] * len(counts)
     for i in range(1, len(counts)):
         offsets[i] = offsets[i - 1] + counts[i - 1]
     single = [i for i, c in enumerate(counts) if c == 1]
     multi = [i for i, c in enumerate(counts) if c > 1]
-    groups = []
+    layouts = []
     for entries in (single, multi):
         if not entries:
             continue
         g_rows, g_steps = [rows[i] for i in entries], [steps[i] for i in entries]
-        g_starts, g_ends, g_counts = [starts[i] for i in entries], [ends[i] for i in entries], [counts[i] for i in entries]
-        width, key_len, n = max(g_counts), max(g_ends) + 1, sum(g_counts)
-        keys = torch.arange(key_len, device=device)
-        ends_t = torch.tensor(g_ends, device=device)
-        if width == 1:
-            slot_row = slot_col = None
-            query_pos = ends_t[:, None]  # (m, 1)
-        else:
-            counts_t = torch.tensor(g_counts, device=device)
-            slot_row = torch.repeat_interleave(torch.arange(len(entries), device=device), counts_t, output_size=n)
-            first = torch.cumsum(counts_t, 0) - counts_t
-            slot_col = torch.arange(n, device=device) - first[slot_row]
-            query_pos = torch.zeros(len(entries), width, dtype=torch.long, device=device)  # padding → key 0
-            query_pos[slot_row, slot_col] = torch.tensor(g_starts, device=device)[slot_row] + slot_col
-        mask = keys[None, None, :] <= query_pos[:, :, None]  # (m, width, K)
-        if n_rep > 1:  # grouped-query heads folded into the query axis: (m, n_rep·width, K)
-            mask = mask[:, None].expand(-1, n_rep, -1, -1).reshape(len(entries), n_rep * width, key_len)
+        g_counts = [counts[i] for i in entries]
+        width = max(g_counts)
         whole = len(entries) == len(counts)
         if whole:
             items = None
         elif width == 1:
-            items = torch.tensor([offsets[i] for i in entries], device=device)
+            items = [offsets[i] for i in entries]
         else:
-            items = torch.tensor([offsets[i] + k for i in entries for k in range(counts[i])], device=device)
+            items = [offsets[i] + k for i in entries for k in range(counts[i])]
         uniform = all(st == g_steps[0] for st in g_steps)
         step_view = g_steps[0] if uniform and g_rows == list(range(num_cache_rows)) else None
         pad_rows = None
         if step_view is None and uniform and width == 1 and 2 * len(entries) >= num_cache_rows:
-            step_view, pad_rows = g_steps[0], torch.tensor(g_rows, device=device)
-            full = torch.zeros(num_cache_rows, n_rep, key_len, dtype=torch.bool, device=device)
-            full[:, :, 0] = True  # rows without an entry: any finite row (its output is dropped)
-            full[pad_rows] = mask
-            mask = full
-        slots = torch.tensor([(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)], device=device)
-        groups.append(SlotGroup(items=items, slots=slots, step_view=step_view, key_len=key_len,
-                                mask=additive_mask(mask[:, None], dtype),
-                                width=width, slot_row=slot_row, slot_col=slot_col, pad_rows=pad_rows))
-    return groups
+            step_view, pad_rows = g_steps[0], g_rows
+        layouts.append(GroupLayout(
+            m=len(entries), n=sum(g_counts), width=width, key_len=max(ends[i] for i in entries) + 1, whole=whole,
+            ends=[ends[i] for i in entries], slots=[(st - 1) * num_cache_rows + r for st, r in zip(g_steps, g_rows)],
+            counts=g_counts if width > 1 else None, starts=[starts[i] for i in entries] if width > 1 else None,
+            items=items, pad_rows=pad_rows, step_view=step_view))
+    return layouts
 
 
 def _step_slot(cache: torch.Tensor, step: int, key_len: int) -> torch.Tensor:

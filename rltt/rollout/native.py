@@ -27,6 +27,8 @@ from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule, join_schedules
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
+from rltt.rollout.kv_cache import upload
+from rltt.rollout.host_work import end_passes, host_list, mark_pass
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample, truncates
 from rltt.rollout.scheduler import Scheduler
@@ -173,10 +175,15 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     schedule = Schedule(params.schedule, replayable=True)
     schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
     # the prefill's entries from its host-side records (`PassRecord.entries` reads a tensor sum)
-    entries = sum(e - s + 1 for p in schedule.passes for _, s, e, _ in p.work.tolist())
+    entries = sum(e - s + 1 for p in schedule.passes for _, s, e, _ in host_list(p.work))
     known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
     truncating = truncates(params, cfg.vocab_size)  # else every floor is NO_FLOOR
+    # without stop tokens, stop strings or a thinking budget a row ends by its length alone: the
+    # sampled tokens and log-probs stay on the device until the chunk ends (read once, in `_Deferred`)
+    later = _Deferred() if not stops and not params.stop_strings and thinking is None else None
+    count = [0] * num_rows  # completion tokens per row
     while sched.any_active():
+        mark_pass()
         rows, starts, ends, steps = sched.plan()
         h, _, last = executor.run(rows, starts, ends, steps)
         sched.computed(rows, ends, steps)
@@ -185,63 +192,106 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
         cand = [i for i, r in enumerate(rows) if not sched.sampled[r]]
         chosen: list[int] = []
         if cand:
-            cand_rows = [rows[i] for i in cand]
-            cand_steps = torch.tensor([steps[i] for i in cand])
-            gates = None if known_exits else \
-                executor.gates[:, torch.tensor(cand_rows), torch.tensor([ends[i] for i in cand])].cpu()
-            decide = decider.exits(cand_rows, cand_steps, gates).tolist()
-            chosen = [i for i, yes in zip(cand, decide) if yes]
+            if known_exits:  # decided on the host from the steps alone
+                at = T if policy.kind == "final" else int(policy.value)
+                chosen = [i for i in cand if steps[i] == at]
+            else:  # the decode tokens' gates: the pass's one read when nothing else must reach the host
+                gates = executor.decode_gates().cpu()
+                decide = host_list(decider.exits(rows, torch.tensor(steps), gates))
+                chosen = [i for i in cand if decide[i]]
         exit_rows = [rows[i] for i in chosen]
         if chosen:
+            positions = [ends[i] + 1 for i in chosen]
+            # one upload: the exit items, the rows' draw counters and the token cells
+            pick, rows_d, counters, cells = upload([[] if len(chosen) == len(h) else chosen, exit_rows,
+                                                    [count[r] for r in exit_rows],
+                                            [r * executor.max_len + p for r, p in zip(exit_rows, positions)]],
+                                           executor.device)
             # every item exits (one position per row, all chosen): h is already the exit states
-            logits = executor.logits(h if len(chosen) == len(h) else h[last[torch.tensor(chosen)]])
-            uniforms = None if params.greedy else \
-                random.uniform(exit_rows, [len(out[r].tokens) for r in exit_rows], RowRandom.TOKEN)
+            logits = executor.logits(h if len(chosen) == len(h) else h[last[pick]])
+            uniforms = None if params.greedy else random.uniform(rows_d, counters, RowRandom.TOKEN)
             tokens, floors = sample(logits, params, uniforms)
             raw, tempered = logprobs_of(logits, tokens, params.temperature, floors if truncating else None)
-            positions = [ends[i] + 1 for i in chosen]
-            executor.write_tokens(exit_rows, positions, tokens)
-            # .tolist() of fp32 values gives exact Python floats: the sampler's bits
-            for r, i, position, token, lp, lp_t, floor in zip(exit_rows, chosen, positions, tokens.tolist(),
-                                                             raw.tolist(), tempered.tolist(), floors.tolist()):
-                row = out[r]
-                row.add(token, steps[i], lp, lp_t, floor)
+            executor.write_tokens(cells, tokens)
+            # fp32 and int64 values are exact in float64: one read of the four
+            values = torch.stack([tokens.double(), raw.double(), tempered.double(), floors.double()])
+            for r in exit_rows:
+                count[r] += 1
                 sched.exited(r)
-                reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
-                if reason is None and thinking is not None and len(row.tokens) == thinking.budget:
-                    # the forced-answer rule; the next sampled token needs a position < max_positions
-                    then = thinking.at_budget(row.tokens, params.max_new_tokens, max_positions - position)
-                    if then is None:
-                        reason = "length"
-                    else:
-                        ids, cap[r] = then
-                        if ids:
-                            executor.tokens[r, position + 1: position + 1 + len(ids)] = torch.tensor(
-                                ids, device=executor.device)
-                            row.force(ids)
-                            sched.force(r, len(ids))
-                            position += len(ids)
-                if reason is None and (len(row.tokens) >= cap[r]
-                                       or position >= max_positions):
-                    reason = "length"  # the next token would need a position the model does not have
-                if reason:
-                    row.finish = reason
-                    sched.finish(r)
+            if later is not None:
+                later.add(exit_rows, [steps[i] for i in chosen], values)
+                for r, position in zip(exit_rows, positions):
+                    if count[r] >= cap[r] or position >= max_positions:
+                        out[r].finish = "length"
+                        sched.finish(r)
+            else:
+                token_l, raw_l, tempered_l, floor_l = values.tolist()
+                for r, i, position, token, lp, lp_t, floor in zip(exit_rows, chosen, positions, token_l, raw_l,
+                                                                 tempered_l, floor_l):
+                    token = int(token)
+                    row = out[r]
+                    row.add(token, steps[i], lp, lp_t, int(floor))
+                    reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
+                    if reason is None and thinking is not None and len(row.tokens) == thinking.budget:
+                        # the forced-answer rule; the next sampled token needs a position < max_positions
+                        then = thinking.at_budget(row.tokens, params.max_new_tokens, max_positions - position)
+                        if then is None:
+                            reason = "length"
+                        else:
+                            ids, cap[r] = then
+                            if ids:
+                                executor.tokens[r, position + 1: position + 1 + len(ids)] = torch.tensor(
+                                    ids, device=executor.device)
+                                row.force(ids)
+                                count[r] += len(ids)
+                                sched.force(r, len(ids))
+                                position += len(ids)
+                    if reason is None and (len(row.tokens) >= cap[r]
+                                           or position >= max_positions):
+                        reason = "length"  # the next token would need a position the model does not have
+                    if reason:
+                        row.finish = reason
+                        sched.finish(r)
         schedule.passes.append(PassRecord(
             work=torch.tensor([rows, starts, ends, steps], dtype=torch.long).T.contiguous(),
             exits=torch.tensor(exit_rows, dtype=torch.long),
         ))
         moved = sched.settle()
-        decider.start_tokens(moved, [len(out[r].tokens) for r in moved])
+        decider.start_tokens(moved, [count[r] for r in moved])
+    end_passes()
+    if later is not None:
+        later.fill(out)
 
     stats = RolloutStats(
         passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
         entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
     )
     # completion token 0 came from position P - 1; copied out, so the executor can go
-    gates = [executor.gates[:, r, lengths[r] - 1: lengths[r] - 1 + len(row.tokens)].to("cpu", copy=True)
-             for r, row in enumerate(out)]
+    all_gates = executor.gates.cpu()  # one read
+    gates = [all_gates[:, r, lengths[r] - 1: lengths[r] - 1 + len(row.tokens)].clone() for r, row in enumerate(out)]
     return _ChunkRun(out, gates, schedule, stats)
+
+
+class _Deferred:
+    """Sampled tokens and log-probs left on the device while a chunk runs (no row can stop on a
+    token): each pass's exit rows, steps and (4, k) float64 values; `fill` reads them all at once."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.steps: list[int] = []
+        self.values: list[torch.Tensor] = []
+
+    def add(self, rows: list[int], steps: list[int], values: torch.Tensor) -> None:
+        self.rows += rows
+        self.steps += steps
+        self.values.append(values)
+
+    def fill(self, out: list[CompletedRow]) -> None:
+        if not self.values:
+            return
+        tokens, raw, tempered, floors = torch.cat(self.values, dim=1).tolist()
+        for r, step, token, lp, lp_t, floor in zip(self.rows, self.steps, tokens, raw, tempered, floors):
+            out[r].add(int(token), step, lp, lp_t, int(floor))
 
 
 def kv_positions(longest_prompt: int, params: SamplingParams, max_positions: int) -> int:

@@ -65,19 +65,23 @@ class RowRandom:
         else:
             rows = num_rows if num_rows is not None else 1
             seeds, index = torch.full((rows,), seed % (1 << 63), dtype=torch.long), torch.arange(rows)
-        self.keys = _splitmix64(_splitmix64(seeds) ^ (index * _ROW)).to(self.device)  # (R,)
+        self.host_keys = _splitmix64(_splitmix64(seeds) ^ (index * _ROW))  # (R,) on the host
+        self.keys = self.host_keys.to(self.device)
 
     def take(self, start: int, end: int) -> "RowRandom":
         """The draws of rows ``start..end-1`` as rows ``0..``: a chunk of a call's rows keeps the
         keys the whole call gives them (with a call seed, a row's key is its index in the call)."""
         out = object.__new__(RowRandom)
-        out.device, out.keys = self.device, self.keys[start:end]
+        out.device, out.keys, out.host_keys = self.device, self.keys[start:end], self.host_keys[start:end]
         return out
 
-    def uniform(self, rows, counters, stream: int) -> torch.Tensor:
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        counters = torch.as_tensor(counters, dtype=torch.long, device=self.device)
-        x = _splitmix64(self.keys[rows] ^ (counters * _COUNTER) ^ (stream * _STREAM))
+    def uniform(self, rows, counters, stream: int, host: bool = False) -> torch.Tensor:
+        """The uniforms of ``rows`` at ``counters`` (lists or int64 tensors on the keys' device);
+        ``host``: computed on the host from lists (integer arithmetic: the same values)."""
+        keys = self.host_keys if host else self.keys
+        rows = torch.as_tensor(rows, dtype=torch.long, device=keys.device)
+        counters = torch.as_tensor(counters, dtype=torch.long, device=keys.device)
+        x = _splitmix64(keys[rows] ^ (counters * _COUNTER) ^ (stream * _STREAM))
         return _shr(x, 11).double() * 2.0**-53
 
 
@@ -90,8 +94,8 @@ class ExitDecider:
 
     def start_tokens(self, rows: list[int], token_index: list[int]) -> None:
         """Rows beginning their ``token_index``-th token: draw its u (sample policy only)."""
-        if self.policy.kind == "sample" and rows:
-            self.uniform[torch.tensor(rows)] = self.random.uniform(rows, token_index, RowRandom.EXIT).cpu()
+        if self.policy.kind == "sample" and rows:  # on the host, where the decisions are made: no read
+            self.uniform[torch.tensor(rows)] = self.random.uniform(rows, token_index, RowRandom.EXIT, host=True)
 
     def exits(self, rows: list[int], step: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor:
         """Bool (n,): does the decode token of each row exit at ``step`` (n,)?
