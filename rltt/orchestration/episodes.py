@@ -26,8 +26,9 @@ last allowed turn still called a tool. A crash of the environment (an exception 
 isolated under their own limits (`rltt.environments.tools`).
 
 Seeds: turn 1 is the engine call with the step's ``params`` (``prompt_seeds``); row r's turn k > 1
-draws from `turn_seed` (its prompt's seed, its sample index, k), so a row's episode depends on
-neither its batch-mates nor on when the others end.
+draws from `turn_seed` (its prompt's seed, its sample index, k) — with one ``seed`` for the call
+instead, (that seed, r, k) — so a row's episode depends on neither its batch-mates nor on when the
+others end.
 
 `replay_episode` re-executes every turn's recorded passes (native engine) and lays the
 log-probs out as the episode's: at the rollout's weights it equals the episode's record bit
@@ -52,7 +53,8 @@ __all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode", "turn
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:
     """The sampling seed of turn ``turn`` (2, 3, ...) of sample ``sample`` of a prompt whose
-    first turn drew from ``seed``: a 63-bit hash of the three."""
+    first turn drew from ``seed`` (or of row ``sample`` of a call seeded ``seed``): a 63-bit hash
+    of the three."""
     digest = hashlib.blake2b(f"{seed}:{sample}:{turn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -157,8 +159,10 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
     first = engine.generate(prompts, base)
     T = first.num_loops
     R = first.num_rows
-    seeds = ([first.params.prompt_seeds[r // n] for r in range(R)] if first.params.prompt_seeds is not None
-             else [first.params.seed] * R)
+    # row r's (seed, index) its later turns draw from: its prompt's seed and sample index, or with
+    # one seed for the call that seed and the row's index in it (as the engine keys turn 1's draws)
+    per_prompt = first.params.prompt_seeds is not None
+    keys = [(first.params.prompt_seeds[r // n], r % n) if per_prompt else (first.params.seed, r) for r in range(R)]
     episodes = [_Episode() for _ in range(R)]
     states: list[Any] = [None] * R
     for r in range(R):
@@ -204,7 +208,7 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
             break
         cap = min(params.max_new_tokens, max(max_tokens - len(episodes[r].ids) for r in going))
         call = replace(base, n=1, seed=None, max_new_tokens=cap,
-                       prompt_seeds=[turn_seed(seeds[r], r % n, turn + 1) for r in going])
+                       prompt_seeds=[turn_seed(*keys[r], turn + 1) for r in going])
         batch, rows = engine.generate([list(prompts[r // n]) + episodes[r].ids for r in going], call), going
         calls.append((batch, rows))
     rollout = _episode_rollout(first, calls, episodes, replace(first.params, max_new_tokens=max_tokens),

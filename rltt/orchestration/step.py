@@ -3,6 +3,10 @@
     prompts → engine.generate → rewards → advantages (once) → dynamic filter → LearnerBatch
             → learner.update → engine.load_weights(*learner.rollout_state_dict()) → metrics
 
+With an ``env:`` section (``env.name`` set) ``engine.generate`` is a multi-turn episode per row
+(`rltt.orchestration.episodes`): turns and environment answers in one `RolloutBatch` row, the
+environment's tokens masked, the rewards on the final answer; the rest of the step is the same.
+
 An update the learner's non-finite guard skipped leaves its ``version`` (and weights) as they
 were: the engines keep serving the weights they have (no sync), and the step's metrics carry
 the reason under ``rltt.learner.SKIP_REASON`` for the loop's `NonFiniteGuard`.
