@@ -16,6 +16,12 @@ with their rewards, advantages and per-group flags::
     (R / G) · 1  = one uniform-group flag per group
 
 Python lists of R task ids and prompt seeds ride along (tens of bytes a row); they are not counted.
+Measured: tests/planning/test_held_rows.py (one step's rows, plain / top-p / compute cost) and
+tests/orchestration/ray/test_async_faults.py (the rows in a K = 2 run's checkpoint). Partial
+rollouts (``orchestration.partial_rollouts``) hold their up to K · P groups as segments in
+progress (`rltt.orchestration.ray.partial_rows.Row`: per-token tensors and per-loop gates) before
+they become such rows; that buffer is counted here only as the rows it becomes, which no test has
+measured yet.
 """
 
 from __future__ import annotations
