@@ -4,10 +4,11 @@
 parameter records each micro-batch's gradient as autograd delivers it (before the backend
 accumulates it anywhere), summed exactly (float64) and, for scale, as a running sum in the
 gradient's own dtype — what DeepSpeed holds for a bf16 model without
-``data_types.grad_accum_dtype``. At the backend's ``step`` (the accumulation boundary, before the
-optimizer runs) it reads the gradient the backend holds (`accumulated_gradients`) and compares.
-A 16-bit DeepSpeed learner stays within one bf16 rounding (``BF16_ROUNDING``) of the exact sum;
-a bf16 running sum of many micro-batches is off by more.
+``data_types.grad_accum_dtype``, and what a bf16 module's own ``.grad`` would hold. At the
+backend's ``step`` (the accumulation boundary, before the optimizer runs) it reads the gradient
+the backend holds (`accumulated_gradients`) and compares. A 16-bit learner — DeepSpeed ZeRO 1-3,
+or the torch backend with its fp32 master gradients — stays within one bf16 rounding
+(``BF16_ROUNDING``) of the exact sum; a bf16 running sum of many micro-batches is off by more.
 
 Used by ``tests/learner/test_grad_accumulation.py`` and the device check (bench/gpu_check.py)::
 
@@ -64,9 +65,12 @@ def trainable(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 def accumulated_gradients(backend) -> dict[str, torch.Tensor | None]:
     """The gradients ``backend`` holds since its last step, full-shaped, by parameter name of
-    ``backend.module`` (None: none held). DeepSpeed's are read where its optimizer accumulates them
+    ``backend.module`` (None: none held). The torch backend's are its own `held_gradients` (the fp32
+    masters' under mixed precision, the module's ``.grad`` otherwise); DeepSpeed's are read where its optimizer accumulates them
     (``deepspeed.utils.safe_get_full_grad``: the fp32 buffer under ``grad_accum_dtype`` fp32); under
     ZeRO 1–3 that is a collective: every rank calls it, in the same order."""
+    if hasattr(backend, "held_gradients"):  # the torch backend: its fp32 sums under mixed precision
+        return backend.held_gradients()
     params = trainable(backend.module)
     if getattr(backend, "name", None) != "deepspeed":
         return {name: p.grad for name, p in params.items()}

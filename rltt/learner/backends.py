@@ -1,4 +1,5 @@
-"""Optimisation backends behind one small interface: plain PyTorch AdamW, or DeepSpeed ZeRO 0–3.
+"""Optimisation backends behind one small interface: plain PyTorch AdamW (fp32 master weights
+and fp32 gradient sums for a 16-bit module), or DeepSpeed ZeRO 0–3.
 
 A backend owns the optimizer (and, for DeepSpeed, the engine). One optimizer step is
 ``backward(loss)`` for each of ``accumulation`` micro-batches (losses already weighted to
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +69,33 @@ class _Backend:
         return module.state_dict()
 
 
+class _Masters(torch.nn.Module):
+    """The fp32 master copies of a module's trained parameters, under the module's parameter names:
+    what `grad_norms` and `guard.check` read (the fp32 gradients, named as on the module)."""
+
+    def __init__(self, named: dict[str, torch.nn.Parameter]):
+        super().__init__()
+        self.named = named
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from ((prefix + name, p) for name, p in self.named.items())
+
+
 class TorchBackend(_Backend):
-    """AdamW + linear warmup + global-norm clipping on a plain module."""
+    """AdamW + linear warmup + global-norm clipping on a plain module, on one process.
+
+    An fp32 module is trained directly (AdamW on its parameters, gradients summed in ``.grad``).
+    A module with 16-bit trained parameters (``learner.dtype: bf16``, or a bf16 ``model.dtype``)
+    is trained in mixed precision: every trained parameter has an fp32 master copy (``masters``,
+    by parameter name); a post-accumulate-grad hook adds each micro-batch's 16-bit gradient into
+    the master's fp32 ``.grad`` and frees it, so the micro-batch gradients are summed in fp32;
+    the non-finite guard, the gradient norms, clipping and AdamW (its moments fp32) work on the
+    masters, and after each update the module's weights are the masters rounded to their dtype.
+    ``save`` writes the masters beside the optimizer state, so a resume continues from them.
+
+    Not data-parallel: under torchrun (WORLD_SIZE > 1) or with several Ray learners the recipe is
+    refused (`rltt.runtime.distributed.ranks_from_env`); nothing here all-reduces gradients.
+    """
 
     name = "torch"
     in_place = True
@@ -77,35 +104,100 @@ class TorchBackend(_Backend):
                  run_dir: Path | None = None):
         self.module = self.forward_model = model
         self.cfg = cfg
-        params = [p for p in model.parameters() if p.requires_grad]
+        trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self._trained = trained
+        #: name -> fp32 master of the trained parameter of that name; None: an fp32 module, trained directly
+        self.masters: dict[str, torch.nn.Parameter] | None = None
+        if any(p.dtype != torch.float32 for p in trained.values()):
+            self.masters = {name: torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
+                            for name, p in trained.items()}
+            for name, p in trained.items():
+                p.register_post_accumulate_grad_hook(self._accumulator(self.masters[name]))
+            self._master_view = _Masters(self.masters)
+            params = list(self.masters.values())
+        else:
+            params = list(trained.values())
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+    @staticmethod
+    def _accumulator(master: torch.nn.Parameter):
+        def accumulate(p: torch.Tensor) -> None:  # after autograd wrote this micro-batch's gradient to p.grad
+            if master.grad is None:
+                master.grad = p.grad.to(torch.float32, copy=True)
+            else:
+                master.grad.add_(p.grad)  # in fp32: the 16-bit operand is widened exactly
+            p.grad = None
+
+        return accumulate
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    def held_gradients(self) -> dict[str, torch.Tensor | None]:
+        """The gradient summed since the last step, by trained parameter name (the fp32 masters'
+        under mixed precision; None: none yet)."""
+        source = self.masters if self.masters is not None else self._trained
+        return {name: p.grad for name, p in source.items()}
+
     def step(self, losses=()) -> tuple[dict[str, float], str | None]:
         """Clip and update, or skip when a loss in ``losses`` or a gradient is not finite:
         ``(gradient norms before clipping, skip reason or None)``."""
-        norms = grad_norms(self.module)
-        reason = guard.check(list(losses), self.module)
+        params = self.module if self.masters is None else self._master_view
+        norms = grad_norms(params)
+        reason = guard.check(list(losses), params)
         if reason is None:
             if self.cfg.grad_clip and self.cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params.parameters(), self.cfg.grad_clip)
             self._apply_lr()
             self.optimizer.step()
+            if self.masters is not None:
+                self._round_masters_into_module()
             self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         return norms, reason
 
+    @torch.no_grad()
+    def _round_masters_into_module(self) -> None:
+        for name, p in self._trained.items():
+            p.copy_(self.masters[name])  # rounds to nearest (even) in p's dtype
+
     def save(self, path: Path) -> None:
-        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, path / "optimizer.pt")
+        state = {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        if self.masters is not None:
+            state["masters"] = {name: m.detach() for name, m in self.masters.items()}
+        torch.save(state, path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
+        """The optimizer state, the update count and (mixed precision) the fp32 masters; called
+        after the module's weights were loaded. A checkpoint without masters (written by an fp32
+        learner, or before they were saved) rebuilds them from those weights, and says so on
+        stderr; an fp32 module resumed from a checkpoint with masters takes the masters."""
         from rltt.runtime.checkpoint import load_state_file
 
-        state = load_state_file(path / "optimizer.pt")  # weights_only: a crafted pickle cannot run code
+        file = path / "optimizer.pt"
+        state = load_state_file(file)  # weights_only: a crafted pickle cannot run code
+        saved = state.get("masters")
+        if saved is not None:
+            expected = self.masters if self.masters is not None else self._trained
+            if set(saved) != set(expected) or any(saved[k].shape != expected[k].shape for k in expected):
+                raise RlttError(f"{file}: its fp32 master weights do not match the model's trained parameters")
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = state["updates"]
+        with torch.no_grad():
+            if self.masters is None:
+                for name, p in self._trained.items():
+                    if saved is not None:
+                        p.copy_(saved[name])
+                return
+            if saved is None:
+                print(f"note: {file} holds no fp32 master weights; rebuilding them from the checkpoint's "
+                      f"{self._dtypes()} weights", file=sys.stderr)
+            for name, m in self.masters.items():
+                m.copy_(saved[name] if saved is not None else self._trained[name])
+            self._round_masters_into_module()
+
+    def _dtypes(self) -> str:
+        return "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in self._trained.values()}))
 
 
 #: the file of a run directory holding the exact config rltt passed to ``deepspeed.initialize``

@@ -41,12 +41,31 @@ def test_zero0_bf16_refused_in_one_line():
     LearnerConfig(backend="torch", dtype="bf16")
 
 
-def _linear_update(dtype: torch.dtype, steps: int = 64):
-    """One torch-backend update of a linear layer over ``steps`` micro-batches of same-size positive
-    gradients, under the probe."""
+class _ModuleGradBackend:
+    """A backend that sums the micro-batch gradients in the module's own ``.grad`` and steps plain
+    AdamW on the module (what the torch backend did for a bf16 module before its fp32 masters)."""
+
+    name = "module_grad"
+
+    def __init__(self, module):
+        self.module = module
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self, losses=()):
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {}, None
+
+
+def _linear_update(dtype: torch.dtype, steps: int = 64, backend=TorchBackend):
+    """One update of a linear layer over ``steps`` micro-batches of same-size positive gradients,
+    under the probe."""
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 8).to(dtype)
-    backend = TorchBackend(model, LearnerConfig(lr=1e-3))
+    backend = TorchBackend(model, LearnerConfig(lr=1e-3)) if backend is TorchBackend else backend(model)
     with AccumulationProbe(backend) as probe:
         for _ in range(steps):
             backend.backward(model((1 + 0.1 * torch.rand(4, 16)).to(dtype)).float().sum())
@@ -56,12 +75,16 @@ def _linear_update(dtype: torch.dtype, steps: int = 64):
 
 
 def test_probe_sees_bf16_accumulation_drift():
-    """The probe itself: a bf16 module's .grad sums in bf16 (off by more than one rounding), an fp32
-    module's in fp32 (the exact sum of the same bf16-sized contributions, to fp32 rounding)."""
-    bf16 = _linear_update(torch.bfloat16)
+    """The probe itself: a bf16 module's .grad sums in bf16 (off by more than one rounding); the torch
+    backend's fp32 masters of the same bf16 module and an fp32 module's .grad sum in fp32 (the exact sum
+    of the same bf16-sized contributions, to fp32 rounding)."""
+    bf16 = _linear_update(torch.bfloat16, backend=_ModuleGradBackend)
     assert bf16.micro_steps == 64 and bf16.tensors == 2 and bf16.grad_dtype == "bfloat16"
     assert bf16.held_dtype == "bfloat16" and not bf16.ok
     assert bf16.error == pytest.approx(bf16.running_sum_error, rel=1e-12) and bf16.error > 4 * BF16_ROUNDING
+    masters = _linear_update(torch.bfloat16)
+    assert masters.grad_dtype == "bfloat16" and masters.held_dtype == "float32"
+    assert masters.ok and masters.error < 1e-6 and masters.running_sum_error == bf16.running_sum_error
     fp32 = _linear_update(torch.float32)
     assert fp32.ok and fp32.error < 1e-6 and fp32.held_dtype == "float32"
 
