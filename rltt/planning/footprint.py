@@ -17,13 +17,16 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
                     (`rltt.planning.engine_memory.VLLM_ASLEEP`)
     vllm_woken      rollout phase only: the rest of its share, mapped back for each rollout (weights, KV)
                     (both from the engine's row of `rltt.planning.engine_memory.ENGINE_MEMORY`)
-    optimizer       AdamW's two moments: torch 2·b·P (in the parameters' dtype); DeepSpeed 8·P (ZeRO 0),
-                    8·part (ZeRO ≥ 1)
-    master_weights  DeepSpeed only: fp32 copy 4·P (ZeRO 0 with bf16), 4·part (ZeRO ≥ 1); torch keeps none
+    optimizer       AdamW's two moments: torch 8·P (fp32; on the fp32 masters of a 16-bit module);
+                    DeepSpeed 8·P (ZeRO 0), 8·part (ZeRO ≥ 1)
+    master_weights  fp32 copy: torch 4·P with a 16-bit module (none in fp32); DeepSpeed 4·P (ZeRO 0 with
+                    bf16), 4·part (ZeRO ≥ 1)
     grad_buffers    DeepSpeed with a 16-bit model (fp32 accumulation), allocated at start-up and held
                     through both phases: ZeRO-1 4·P (BF16_Optimizer's fp32 sum, full size on every rank);
                     ZeRO-3 b·B + 4·part (its reduce bucket and fp32 gradient partitions); else 0
-    gradients       torch and DeepSpeed ZeRO 0: b·P. 16-bit DeepSpeed: ZeRO-1 b·P (the bf16 .grad tensors,
+    gradients       fp32 torch and DeepSpeed ZeRO 0: b·P. 16-bit torch: 4·P (the masters' fp32 sums, from
+                    the first micro-batch's backward to the step) + b·(largest module) (one 16-bit
+                    ``.grad``, freed by its hook once added in). 16-bit DeepSpeed: ZeRO-1 b·P (the bf16 .grad tensors,
                     until the step); ZeRO-2 4·part (the fp32 partition, from the first reduction to the
                     step, where it is the optimizer's gradient); ZeRO-3 0 (resident). fp32 DeepSpeed
                     ZeRO 2/3: b·part + b·B
@@ -34,8 +37,8 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
                     each loop step, and autograd sums its T contributions in a buffer of its size from
                     the backward of loop T to that of loop 1, beside the gradients already accumulated
     step_workspace  at the optimizer step (activations are freed by then): AdamW's temporaries (CUDA:
-                    foreach, one moment of the local parameters; CPU: two copies of the largest tensor
-                    it is handed — DeepSpeed ZeRO ≥ 1 hands it one flat fp32 partition, 8·part) +
+                    foreach, one fp32 moment of the local parameters; CPU: two fp32 copies of the largest
+                    tensor it is handed — DeepSpeed ZeRO ≥ 1 hands it one flat fp32 partition, 8·part) +
                     16-bit ZeRO-3's flattened fp32 copy of its gradient partitions (4·part) or fp32
                     ZeRO ≥ 1's fp32 gradient partition (4·part)
     runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB)
@@ -84,8 +87,8 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
     weights = b * P
     if ds and s.zero_stage == 3:
         weights = b * part + b * (shape.largest_module_parameters + min(DS_PREFETCH_BUCKET, P))
-    if not ds:
-        optimizer, master = 2 * b * P, 0
+    if not ds:  # torch: AdamW on the fp32 parameters, or on the fp32 masters of a 16-bit module
+        optimizer, master = 8 * P, 4 * P * _mixed_torch(s)
     elif s.zero_stage == 0:
         optimizer, master = 8 * P, 4 * P * (s.train_bytes == 2)
     else:
@@ -108,6 +111,12 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
     }
 
 
+def _mixed_torch(s: RunSettings) -> bool:
+    """The torch backend on a 16-bit module: fp32 masters and fp32 gradient sums
+    (`rltt.learner.backends.TorchBackend`)."""
+    return s.backend == "torch" and s.train_bytes == 2
+
+
 def _bf16_deepspeed(s: RunSettings) -> bool:
     """DeepSpeed with a 16-bit model: fp32 gradient accumulation (`rltt.learner.backends.deepspeed_config`)."""
     return s.backend == "deepspeed" and s.train_bytes == 2
@@ -128,17 +137,18 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
         gradients, step_grads = 0, 4 * part  # flattens the partitions into a second fp32 copy
     elif ds and s.zero_stage >= 2:  # an fp32 model (not re-measured)
         gradients = b * part + bucket
+    elif _mixed_torch(s):  # the masters' fp32 sums, plus one 16-bit .grad while a hook adds it in
+        gradients = 4 * P + b * shape.largest_module_parameters
     else:
         gradients = b * P
     if ds and b == 4 and s.zero_stage >= 1:  # an fp32 model: DeepSpeed's fp32 gradient partition at the step
         step_grads = 4 * part
-    moment_bytes = 4 if ds else b
     if s.device == "cuda":  # AdamW's foreach temporaries: one moment of the local parameters
-        foreach = moment_bytes * local
+        foreach = 4 * local
     elif ds and s.zero_stage >= 1:  # CPU: single-tensor AdamW on DeepSpeed's flat fp32 partition
         foreach = 2 * 4 * part
     else:  # CPU: two copies of the largest tensor
-        foreach = 2 * moment_bytes * shape.largest_module_parameters
+        foreach = 2 * 4 * shape.largest_module_parameters
     positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)
     impl = "triton" if s.device == "cuda" else "chunked"
     shared = shape.layers * shape.layer_parameters() + shape.hidden * shape.final_norm

@@ -97,9 +97,10 @@ class RunSettings:
     # -- dtypes ------------------------------------------------------------------------------
     @property
     def train_bytes(self) -> int:
-        """Bytes per parameter of the trained policy: the torch learner casts to ``learner.dtype``;
-        DeepSpeed runs bf16 when ``learner.dtype`` is bf16 and keeps the loaded dtype otherwise."""
-        if self.backend == "torch" or self.learner_dtype == "bf16":
+        """Bytes per parameter of the trained policy: both backends run bf16 when ``learner.dtype``
+        is bf16 and keep the loaded dtype (``model.dtype``) otherwise (`rltt.learner.learner.Learner`
+        casts to bf16 only; a bf16 module is trained with fp32 masters either way)."""
+        if self.learner_dtype == "bf16":
             return DTYPE_BYTES[self.learner_dtype]
         return DTYPE_BYTES[self.model_dtype]
 

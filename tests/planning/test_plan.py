@@ -11,6 +11,7 @@ from rltt.errors import RlttError
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.planning import plan_run
 from rltt.planning.footprint import GIB
+from rltt.planning.shapes import model_shape
 from tests.planning.helpers import OURO_1_4B, TINY_LOOPED
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -64,8 +65,10 @@ def test_components_follow_the_recipe():
     four = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, gpus=4, device="cuda")
     assert four.components["optimizer"] == 8 * -(-P // 4) and four.rows_per_rank == 128
     shared = plan_run(gsm8k("learner.backend=torch", "learner.dtype=bf16"), OURO_1_4B, 80 * GIB, device="cuda")
-    assert shared.components["engine_copy"] == 0 and shared.components["master_weights"] == 0
-    assert shared.components["optimizer"] == 2 * 2 * P  # torch AdamW keeps bf16 moments for bf16 parameters
+    assert shared.components["engine_copy"] == 0
+    # torch on a bf16 module: fp32 masters, AdamW's fp32 moments on them, the masters' fp32 gradient sums
+    assert shared.components["master_weights"] == 4 * P and shared.components["optimizer"] == 8 * P
+    assert shared.components["gradients"] == 4 * P + 2 * model_shape(OURO_1_4B).largest_module_parameters
     fp32 = plan_run(gsm8k("learner.backend=torch", "learner.dtype=fp32"), OURO_1_4B, 80 * GIB, device="cuda")
     assert fp32.components["engine_copy"] == 4 * P  # model.dtype bf16 != learner.dtype fp32: the engine copies
 
