@@ -5,8 +5,8 @@ processes and kill -9:
   the same weights version once Ray has restarted it, and the learner trains on exactly the
   batches of an undisturbed run;
 - the driver (`rltt train`, a local cluster it started) killed mid-run: ``--resume`` from the
-  newest checkpoint — which holds the rows sampled ahead — ends with the uninterrupted run's
-  metrics and weights.
+  newest checkpoint — which holds the rows sampled ahead, as many bytes as the memory plan counts
+  (`rltt.planning.held_rows`) — ends with the uninterrupted run's metrics and weights.
 """
 
 import json
@@ -28,6 +28,7 @@ from rltt.orchestration.ray.overlap import OVERLAP_SAVED, RESHARDS, STALENESS, W
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.trainer import Trainer
+from rltt.planning.held_rows import HeldRows
 from rltt.runtime.checkpoint import checkpoint_dir, load_state_file
 from rltt.telemetry import read_metrics
 
@@ -61,6 +62,14 @@ def _assert_same_batches(got: list[dict], want: list[dict]) -> None:
                 assert torch.equal(g[key], value), (step, key)
             else:
                 assert g[key] == value, (step, key)
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_tensor_bytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return 0
 
 
 def _record_updates(monkeypatch) -> list[dict]:
@@ -187,6 +196,11 @@ def test_the_driver_killed_mid_run_resumes_to_the_uninterrupted_run(ray_cluster,
     assert _checkpoints(run) == [1, 2]
     held = load_state_file(checkpoint_dir(run, 2) / STATE_FILE)["ahead"]
     assert [(s["step"], s["version"]) for s in held] == [(3, 0), (4, 1)]
+    recipe = load_train_recipe(path, DRIVER_RUN)  # the plan's count of a held step, at its padded width
+    count = HeldRows.from_recipe(recipe, recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+    for s in held:
+        groups = s["groups"]
+        assert count.step_bytes(groups["batch"]["input_ids"].shape[1]) == _tensor_bytes(groups)
 
     resumed = _run(path, *DRIVER_RUN, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
