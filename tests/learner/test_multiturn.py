@@ -18,6 +18,7 @@ from rltt.learner import AlgorithmConfig, Learner, LearnerBatch, LearnerConfig, 
 from rltt.learner.loss import rl_loss
 from rltt.learner.scoring import LoopScores
 from rltt.orchestration.episodes import run_episodes
+from rltt.orchestration.groups import compute_penalty
 from rltt.rollout import NativeEngine, SamplingParams
 
 from tests.environments.helpers import ScriptedEnv, decode, encode
@@ -37,21 +38,32 @@ def _episodes(schedule="deferred"):
     return model, episodes.rollout, LearnerBatch.from_rollout(episodes.rollout, ADVANTAGES)
 
 
-@pytest.mark.parametrize("schedule", ["dense", "deferred"])
-def test_ratio_is_exactly_one_and_the_learner_scores_what_the_sampler_drew(schedule):
+@pytest.mark.slow  # a learner update per case: a few seconds idle, minutes on a loaded machine
+@pytest.mark.parametrize("schedule, exit_action", [("dense", False), ("deferred", False), ("deferred", True)])
+def test_ratio_is_exactly_one_and_the_learner_scores_what_the_sampler_drew(schedule, exit_action):
     model, rollout, batch = _episodes(schedule)
     assert batch.env_mask is not None and not (batch.env_mask & batch.target_mask).any()
     assert int(batch.env_mask.sum()) == int(rollout.env_mask.sum())
     assert int(batch.target_mask.sum()) == int(rollout.action_mask.sum())
     assert bool((batch.env_mask & batch.attention_mask.bool()).sum() == batch.env_mask.sum())  # attended to
     learner = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3, micro_batch_size=3),
-                      AlgorithmConfig(track_kl=False), batch_size=6, max_len=30)
+                      AlgorithmConfig(track_kl=False, exit_action=exit_action), batch_size=6, max_len=30)
     metrics = learner.update(batch)
     assert metrics["policy/ratio_mean"] == 1.0 and metrics["policy/ratio_max"] == 1.0
     assert metrics["policy/ratio_min"] == 1.0 and metrics["policy/clip_frac"] == 0.0
-    # every model token's learner log-prob is the sampler's: its context (the episode before it,
-    # the environment's tokens included) is the one it was sampled in
+    # every model token's learner log-prob is the sampler's (with exit_action: the joint log-prob,
+    # exit included): its context (the episode before it, the environment's tokens included) is
+    # the one it was sampled in
     assert metrics["mismatch/max_abs"] < 1e-4
+
+
+def test_the_compute_price_counts_model_tokens_only():
+    _, rollout, _ = _episodes()
+    model = rollout.action_mask
+    expected = (rollout.exit_steps * model).sum(1).double() / model.sum(1).double() / rollout.num_loops
+    assert torch.equal(compute_penalty(rollout, 1.0), expected)
+    with_env = rollout.completion_mask.sum(1).double()  # counting environment tokens would lower it
+    assert (with_env > model.sum(1)).any()
 
 
 def test_a_target_on_an_environment_token_is_refused():
