@@ -2,8 +2,11 @@
 S = prompt + completion positions per row, b = bytes of the engine's dtype::
 
     rollout_kv        = R · S · T·L · 2 · Hkv · D · b        (StepKVCache: keys and values of every slot)
-    rollout_state     = R · S · (d·b + 4·T + 8 + 12)         (per-token carry, gates λ_t, token ids; the
-                                                            kept-set floor (int64) and log p_t* (fp32))
+    rollout_state     = R · S · (d·b + 4·T + 8 + 12 + 32)    (per-token carry, gates λ_t, token ids; the
+                                                            kept-set floor (int64) and log p_t* (fp32);
+                                                            a sampled token's four float64 values, held on
+                                                            the device until the chunk ends when no token
+                                                            can stop a row)
     rollout_workspace = max(sampling, prefill)
         sampling      = R · V · (24 + 28·[top_p < 1] + 4·[top_k])
                         (fp32 logits and tempered scores, the float64 softmax and its CDF; top-p
@@ -23,7 +26,7 @@ def kv_bytes(shape: ModelShape, rows: int, positions: int, b: int) -> int:
 
 
 def state_bytes(shape: ModelShape, rows: int, positions: int, b: int) -> int:
-    return rows * positions * (shape.hidden * b + 4 * shape.loops + 8 + 12)
+    return rows * positions * (shape.hidden * b + 4 * shape.loops + 8 + 12 + 32)
 
 
 def sampling_bytes(shape: ModelShape, rows: int, top_p: float, top_k: int) -> int:

@@ -102,3 +102,22 @@ def test_a_deferred_pass_uploads_its_plan_as_one_host_tensor():
     batch, work = _pass_reads("deferred", "sample")
     assert len(work.pass_uploads) == batch.stats.passes
     assert max(work.pass_uploads) <= 2 and max(work.pass_made) <= 8, (work.pass_uploads, work.pass_made)
+
+
+def test_the_sampled_values_held_until_the_chunk_ends_are_planned(monkeypatch):
+    """Without stop tokens a chunk keeps each sampled token's four float64 values on the device until
+    it ends: 32 bytes per completion token, within the memory plan's rollout state per position."""
+    from rltt.planning import rollout_memory
+    from rltt.rollout import native
+
+    held = []
+    fill = native._Deferred.fill
+    monkeypatch.setattr(native._Deferred, "fill", lambda self, out: (
+        held.append(sum(v.numel() * v.element_size() for v in self.values)), fill(self, out))[1])
+    engine = NativeEngine(tiny_model())
+    params = SamplingParams(max_new_tokens=6, n=2, exit_policy="sample", schedule="deferred", seed=2, temperature=1.0)
+    batch = engine.generate(prompts([3, 5]), params)
+    tokens = int(batch.completion_lengths.sum())
+    assert held == [32 * tokens]
+    shape = type("Shape", (), dict(hidden=0, loops=0))()  # the per-position bytes beside the carry and gates
+    assert rollout_memory.state_bytes(shape, 1, 1, 2) - 8 - 12 == 32
