@@ -32,6 +32,7 @@ from rltt.planning.held_rows import HeldRows
 from rltt.runtime.checkpoint import checkpoint_dir, load_state_file
 from rltt.telemetry import read_metrics
 
+from ...planning.test_held_rows import tensor_bytes
 from ..test_preemption import _checkpoints, _finish, _gated_recipe, _hold, _run, _start, _timing, _wait_for_rows
 
 psutil = pytest.importorskip("psutil")
@@ -63,14 +64,6 @@ def _assert_same_batches(got: list[dict], want: list[dict]) -> None:
                 assert torch.equal(g[key], value), (step, key)
             else:
                 assert g[key] == value, (step, key)
-
-
-def _tensor_bytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (dict, list, tuple)):
-        return sum(_tensor_bytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
-    return 0
 
 
 def _record_updates(monkeypatch) -> list[dict]:
@@ -199,7 +192,7 @@ def test_the_driver_killed_mid_run_resumes_to_the_uninterrupted_run(ray_cluster,
     count = HeldRows.from_recipe(recipe, recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
     for s in held:
         groups = s["groups"]
-        assert count.step_bytes(groups["batch"]["input_ids"].shape[1]) == _tensor_bytes(groups)
+        assert count.step_bytes(groups["batch"]["input_ids"].shape[1]) == tensor_bytes(groups)
 
     resumed = _run(path, *RUN, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
