@@ -51,8 +51,11 @@ operators (what the host dispatches, views included), *launches* the same less t
 kernel (views, `detach`, `lift_fresh`, `empty`, …), *syncs* the `aten::_local_scalar_dense`
 (`.item()`, `bool(t)`, `int(t)`), `aten::nonzero` and `aten::masked_select` calls at any depth, and
 *host tensors* the `torch.tensor(python data)` calls (`aten::lift_fresh`; on a GPU each is a
-host-to-device copy). `.tolist()`/`.cpu()` of a CUDA tensor also syncs; on CPU it dispatches no
-operator, so these counts do not include it. Counts do not depend on the model's width.
+host-to-device copy). *Made in a pass (uploaded)*: `torch.tensor` / `torch.as_tensor` calls on Python
+data during the engine's passes, and how many of them it uploads to its device; *reads per pass (max)*:
+`.tolist()` / `.cpu()` / `.item()` / `bool()` calls during a pass (`rltt.rollout.host_work.ReadCounter`,
+counted on CPU too; on a GPU each is a device-to-host transfer), the mean and the most in one pass.
+Counts do not depend on the model's width.
 """
 
 NOTES = """\
