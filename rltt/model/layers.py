@@ -7,6 +7,14 @@ converted dense checkpoint gives the same logits at T = 1. Parameter names follo
 Attention does not own a cache: each layer hands its (q, k, v) to an ``attend`` callable
 (``attend(q, k, v, layer_idx) -> out``) chosen by the caller — the model's forward uses a
 per-(step, layer) KV cache slot, the rollout engine its own batched cache.
+
+Decoding (one position per row, no gradients: the rollout engine's passes, ``generate``'s steps)
+projects q, k and v with one GEMM over their weights concatenated (`FusedWeights`) and rotates q
+and k with one RoPE: 6 fewer operators per layer. Each output element is the same dot product in
+the same order as with three GEMMs — bitwise equal on CPU in fp32 and bf16
+(tests/model/test_fused_forward.py) — so the rollout computes the learner's function; the
+checkpoint keeps its three ``q_proj``/``k_proj``/``v_proj`` weights. (On a GPU the library may pick
+another kernel for the wider GEMM; that equality has not been checked there.)
 """
 
 from __future__ import annotations
@@ -35,14 +43,13 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """transformers' arithmetic: x in fp32 times rsqrt(mean(x²) + ε), cast back to x's dtype, times
+        the weight. `F.rms_norm` is that sequence as one operator (on CPU the same operations, bitwise;
+        tests/model/test_fused_forward.py): with the weight in fp32, where the cast back is a no-op;
+        without it otherwise — the weight multiplies after the cast, as in transformers."""
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # the same operations fused (bitwise equal in fp32; not in bf16, where transformers
-            # multiplies the weight after the cast back)
             return F.rms_norm(x, self.weight.shape, self.weight, self.variance_epsilon)
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x.to(dtype)
+        return self.weight * F.rms_norm(x, self.weight.shape, None, self.variance_epsilon)
 
 
 class RotaryEmbedding(nn.Module):
@@ -111,6 +118,70 @@ class StepLinear(nn.Linear):
         return out + delta.reshape(out.shape) * self.lora_scale
 
 
+class FusedWeights:
+    """The weights (and biases) of several `StepLinear` layers that read the same input, concatenated
+    along the output axis for one GEMM — a copy, cached, so the checkpoint and every loader keep the
+    split parameters.
+
+    The copy is rebuilt, in place when the shapes allow, whenever a source tensor changed: its
+    ``data_ptr`` (a new tensor: ``load_state_dict(assign=True)``, ``.data =``) or its version counter (any
+    in-place write through the parameter: ``load_state_dict``, an optimizer step, the engine's
+    ``load_weights``). The cache holds the sources' storages, so a replaced tensor's address cannot be
+    reused unnoticed. A write that bypasses the parameter's version counter (into ``p.data`` or into a
+    flat buffer the parameter views) is not seen: call `refresh` after one. Not copied by ``deepcopy``
+    or pickling; dropped by ``Module._apply`` (``.to()``, ``.half()``, …). Its bytes are the native
+    engine's ``engine_fused`` term of the memory plan (`rltt.planning.engine_memory`).
+    """
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.key: tuple | None = None
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self.sources: list[torch.Tensor] = []
+
+    def __reduce__(self):
+        return FusedWeights, ()
+
+    @staticmethod
+    def _key(linears) -> tuple | None:
+        try:
+            return tuple((t.data_ptr(), t._version) for lin in linears for t in (lin.weight, lin.bias)
+                         if t is not None)
+        except RuntimeError:  # inference tensors keep no version counter: never cached
+            return None
+
+    def get(self, linears) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(weight, bias) of ``linears`` concatenated, or None where it cannot be cached."""
+        key = self._key(linears)
+        if key is None:
+            return None
+        if key != self.key:
+            self.refresh(linears, key)
+        return self.weight, self.bias
+
+    @torch.no_grad()
+    def refresh(self, linears, key: tuple | None = None) -> None:
+        """Copy the sources now (into the existing buffers when their shapes allow: their addresses stay)."""
+        self.weight = self._cat([lin.weight for lin in linears], self.weight)
+        biases = [lin.bias for lin in linears]
+        self.bias = None if biases[0] is None else self._cat(biases, self.bias)
+        self.sources = [t.detach() for lin in linears for t in (lin.weight, lin.bias) if t is not None]
+        self.key = self._key(linears) if key is None else key
+
+    @staticmethod
+    def _cat(parts: list[torch.Tensor], out: torch.Tensor | None) -> torch.Tensor:
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        if out is not None and out.shape == shape and out.dtype == parts[0].dtype and out.device == parts[0].device:
+            return torch.cat(parts, out=out)
+        return torch.cat(parts)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias) if t is not None)
+
+
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool attention mask (True = attend) as the additive one SDPA makes of it on every call
     (0 / −inf in ``dtype``): made once, it gives the same results without the per-call conversion."""
@@ -155,10 +226,30 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        # decode's one q/k/v GEMM (module docstring); a step-wise LoRA on q, k or v keeps three
+        self.fusable = not any(p.lora_rank for p in (self.q_proj, self.k_proj, self.v_proj))
+        self.fused_qkv = FusedWeights()
+
+    def _apply(self, fn, recurse: bool = True):
+        self.fused_qkv.clear()  # `.to()`, `.half()`, …: rebuilt from the converted weights on next use
+        return super()._apply(fn, recurse)
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The concatenated q/k/v (weight, bias) decoding uses, or None where it keeps three GEMMs."""
+        return self.fused_qkv.get((self.q_proj, self.k_proj, self.v_proj)) if self.fusable else None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: Step = 1):
         """Project x (B, S, d) to rotary-embedded q (B, Hq, S, D) and k, v (B, Hkv, S, D)."""
         b, s, _ = x.shape
+        fused = self.fused_weights() if s == 1 and not torch.is_grad_enabled() else None
+        if fused is not None:  # decode: one GEMM, (B, 1, (Hq + 2·Hkv)·D) viewed as heads (B, Hq + 2·Hkv, 1, D)
+            heads = F.linear(x, *fused).view(b, -1, 1, self.head_dim)
+            qk, v = heads.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], 1)
+            if self.q_norm is None:  # RoPE is elementwise: q and k rotated together, the same bits
+                q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], 1)
+                return q, k, v
+            q, k = qk.split([self.num_heads, self.num_kv_heads], 1)
+            return apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin), v
         if s == 1:  # one position (decode, a rollout pass): (B, 1, H, D) viewed as (B, H, 1, D) holds the
             # same elements in the same order, so the heads come without the three transposes
             q = self.q_proj(x, step).view(b, -1, 1, self.head_dim)

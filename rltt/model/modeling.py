@@ -188,6 +188,20 @@ class LoopedModel(LoopedPreTrainedModel):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.variance_epsilon)
         return self.norm.weight.float() * x
 
+    def fused_bytes(self) -> int:
+        """Bytes of the concatenated q/k/v weights the layers hold for decoding now (`FusedWeights`;
+        ``ModelShape.fused_parameters`` plans them)."""
+        return sum(layer.self_attn.fused_qkv.nbytes() for layer in self.layers)
+
+    def refresh_fused_weights(self) -> None:
+        """Copy the q/k/v weights into the decode path's concatenations now, in place: for a caller that
+        replays captured passes (a CUDA graph reads the buffers' addresses and runs no Python check)
+        after the weights changed, or after a write that bypassed the parameters' version counters."""
+        for layer in self.layers:
+            attn = layer.self_attn
+            if attn.fusable:
+                attn.fused_qkv.refresh((attn.q_proj, attn.k_proj, attn.v_proj))
+
     def gate(self, h: torch.Tensor) -> torch.Tensor:
         """λ_t = σ(w_gᵀ h_t + b_g) in fp32, shape h.shape[:-1]."""
         return torch.sigmoid(self.exit_gate(h).squeeze(-1).float())

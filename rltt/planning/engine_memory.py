@@ -2,9 +2,10 @@
 keyed like ``rollout.engine``):
 
 - **native**: its own copy of the weights in the engine's dtype, unless it samples with the torch
-  learner's own tensors (`NativeMemory.shares_model`), and, per chunk of rows, the KV cache, state
-  and workspace it preallocates (`rltt.planning.rollout_memory`); the plan picks the rows per chunk
-  (``rollout.chunk_rows``) and frees them before the learner runs.
+  learner's own tensors (`NativeMemory.shares_model`), the concatenated q/k/v weights its model
+  keeps for decoding (``engine_fused``, `rltt.model.layers.FusedWeights`), and, per chunk of rows,
+  the KV cache, state and workspace it preallocates (`rltt.planning.rollout_memory`); the plan picks
+  the rows per chunk (``rollout.chunk_rows``) and frees them before the learner runs.
 - **vllm**: its share of the device — ``gpu_memory_utilization`` × device memory on a GPU,
   ``kv_cache_gb`` plus its copy of the weights on the CPU — inside which it keeps its KV cache and
   batches the step's rows itself; the plan can lower its share to make room (`memory_changes`).
@@ -66,7 +67,8 @@ class NativeMemory:
         return s.backend == "torch" and s.learner_dtype == s.model_dtype
 
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
-        return {"engine_copy": 0 if self.shares_model(s) else s.engine_bytes * shape.parameters, "vllm": 0}
+        return {"engine_copy": 0 if self.shares_model(s) else s.engine_bytes * shape.parameters,
+                "engine_fused": s.engine_bytes * shape.fused_parameters, "vllm": 0}
 
     def note(self, shape: "ModelShape", s: "RunSettings") -> str | None:
         return None
@@ -120,7 +122,7 @@ class VllmMemory:
         return min(share, vllm_asleep_bytes(s)) if s.vllm_sleep else share
 
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
-        return {"engine_copy": 0, "vllm": self.held(shape, s, device_bytes)}
+        return {"engine_copy": 0, "engine_fused": 0, "vllm": self.held(shape, s, device_bytes)}
 
     def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int, device_bytes: int) -> dict[str, int]:
         woken = self.share(shape, s, device_bytes) - self.held(shape, s, device_bytes)  # mapped back to sample

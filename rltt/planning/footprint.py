@@ -11,6 +11,9 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
                     policy's dtype: `rltt.learner.learner.Learner`)
     engine_copy     b_engine·P when the native engine does not share the learner's model
                     (`rltt.orchestration.components.shares_model`)
+    engine_fused    native engine: b_engine·L·(q + 2·kv)·(d + [attention_bias]), the concatenated q/k/v
+                    weights its model keeps for decoding (`rltt.model.layers.FusedWeights`), shared model
+                    or not; 0 with a step-wise LoRA on q, k or v
     vllm            rollout.engine=vllm, what it holds through the learner phase: its share —
                     gpu_memory_utilization × device memory (GPU), kv_cache_gb + b_engine·P (CPU) —
                     or, asleep (rollout.vllm.sleep, on with CUDA), what sleep level 1 keeps
@@ -55,7 +58,8 @@ workspace: `rltt.planning.rollout_memory`. Phases::
     learner = resident + gradients + max(activations + logits_workspace + reduce_bucket,  (the LM head's backward)
                                          held + loop_gradients + reduce_bucket,            (loop T's backward done)
                                          step_workspace)                                   (the optimizer step)
-    resident = runtime + weights + reference + engine_copy + vllm + optimizer + master_weights + grad_buffers
+    resident = runtime + weights + reference + engine_copy + engine_fused + vllm + optimizer + master_weights
+               + grad_buffers
 
 (held: the activations still held after loop T's backward, `rltt.planning.activations.held_after_last_loop`.)
 
@@ -75,7 +79,8 @@ from rltt.planning.shapes import ModelShape
 RUNTIME = {"cuda": GIB, "cpu": GIB // 2}  # the CUDA context and library workspaces, or the CPU process
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
-RESIDENT = ("runtime", "weights", "reference", "engine_copy", "vllm", "optimizer", "master_weights", "grad_buffers")
+RESIDENT = ("runtime", "weights", "reference", "engine_copy", "engine_fused", "vllm", "optimizer", "master_weights",
+            "grad_buffers")
 LEARNER = ("gradients", "reduce_bucket", "loop_gradients", "activations", "logits_workspace", "step_workspace")
 ORDER = RESIDENT + ROLLOUT + LEARNER
 
@@ -104,6 +109,7 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         "weights": weights,
         "reference": b * P if s.needs_reference else 0,
         "engine_copy": engine["engine_copy"],
+        "engine_fused": engine["engine_fused"],
         "vllm": engine["vllm"],
         "optimizer": optimizer,
         "master_weights": master,

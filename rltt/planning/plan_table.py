@@ -12,6 +12,7 @@ LABELS = {
     "weights": "policy weights",
     "reference": "reference model",
     "engine_copy": "engine copy of the weights",
+    "engine_fused": "engine fused q/k/v weights",
     "vllm": "vLLM held in the update",
     "optimizer": "optimizer moments (AdamW)",
     "master_weights": "fp32 master weights",

@@ -107,6 +107,15 @@ class ModelShape:
         return count
 
     @property
+    def fused_parameters(self) -> int:
+        """Elements of the concatenated q/k/v weights (and biases) a native engine's model holds for
+        decoding (`rltt.model.layers.FusedWeights`): L·(q + 2·kv)·(d + [attention_bias]); 0 with a
+        step-wise LoRA on q, k or v (decoding then keeps three projections)."""
+        if self.lora_rank and {"q_proj", "k_proj", "v_proj"} & set(self.lora_targets):
+            return 0
+        return self.layers * (self.q_dim + 2 * self.kv_dim) * (self.hidden + self.attention_bias)
+
+    @property
     def parameters(self) -> int:
         """The exact number of parameters of `LoopedForCausalLM` (a tied head counted once)."""
         d = self.hidden
