@@ -130,8 +130,7 @@ def test_prefill_decode_and_the_learner_forward_equal_the_reference(reference, d
 
 @pytest.mark.parametrize("dtype,schedule,variant", [
     (torch.float32, "dense", "gqa"), (torch.bfloat16, "deferred", "qk_norm+bias"),
-    pytest.param(torch.bfloat16, "deferred", "gqa", marks=pytest.mark.slow),
-    pytest.param(torch.float32, "deferred", "qk_norm+bias", marks=pytest.mark.slow)])
+    (torch.bfloat16, "deferred", "gqa"), (torch.float32, "deferred", "qk_norm+bias")])
 def test_native_rollouts_equal_the_reference(reference, dtype, schedule, variant):
     model = _model(dtype, **VARIANTS[variant])
     got = _rollout(model, schedule)
@@ -249,7 +248,6 @@ def test_a_decode_layer_call_dispatches_at_most_the_stated_operators(dtype):
 ROLLOUT_LAYER_OPERATORS = {"dense": 32, "deferred": 44}
 
 
-@pytest.mark.slow  # four profiled rollouts: ~10 s idle, 40+ s on a loaded machine
 @pytest.mark.parametrize("schedule", ["dense", "deferred"])
 def test_operators_per_layer_pass_of_a_rollout(schedule):
     params = SamplingParams(temperature=0, max_new_tokens=5, exit_policy="sample", schedule=schedule, seed=1)
