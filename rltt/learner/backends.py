@@ -81,6 +81,10 @@ class _Masters(torch.nn.Module):
         yield from ((prefix + name, p) for name, p in self.named.items())
 
 
+#: the parameter attribute holding the gradient hook of the torch backend that trains it
+_MASTER_HOOK = "_rltt_master_hook"
+
+
 class TorchBackend(_Backend):
     """AdamW + linear warmup + global-norm clipping on a plain module, on one process.
 
@@ -108,11 +112,18 @@ class TorchBackend(_Backend):
         self._trained = trained
         #: name -> fp32 master of the trained parameter of that name; None: an fp32 module, trained directly
         self.masters: dict[str, torch.nn.Parameter] | None = None
+        # a parameter trained by a new backend (a rebuilt learner, whatever wraps it) sums into this
+        # backend's masters only
+        for p in trained.values():
+            handle = getattr(p, _MASTER_HOOK, None)
+            if handle is not None:
+                handle.remove()
+                delattr(p, _MASTER_HOOK)
         if any(p.dtype != torch.float32 for p in trained.values()):
             self.masters = {name: torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
                             for name, p in trained.items()}
             for name, p in trained.items():
-                p.register_post_accumulate_grad_hook(self._accumulator(self.masters[name]))
+                setattr(p, _MASTER_HOOK, p.register_post_accumulate_grad_hook(self._accumulator(self.masters[name])))
             self._master_view = _Masters(self.masters)
             params = list(self.masters.values())
         else:

@@ -216,3 +216,17 @@ def test_masters_that_do_not_match_the_model_are_refused(tmp_path):
     with pytest.raises(RlttError, match="fp32 master weights do not match") as err:
         _bf16_learner().load(tmp_path / "ckpt")
     assert "\n" not in str(err.value)
+
+
+def test_a_rebuilt_backend_on_the_same_module_gets_the_gradients():
+    """A second backend built on a bf16 module (a rebuilt learner) sums the gradients into its own
+    masters: the first backend's hooks are removed, and neither steals nor drops the gradient."""
+    module = torch.nn.Module()
+    module.weight = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    grad = torch.arange(8, dtype=torch.float32)
+    first = TorchBackend(module, LearnerConfig(lr=1e-3))
+    second = TorchBackend(module, LearnerConfig(lr=1e-3))
+    second.backward((module.weight * grad.to(torch.bfloat16)).float().sum())
+    assert torch.equal(second.masters["weight"].grad, grad)
+    assert first.masters["weight"].grad is None
+    second.step([])
