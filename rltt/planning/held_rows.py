@@ -18,15 +18,15 @@ with their rewards, advantages and per-group flags::
 Python lists of R task ids and prompt seeds ride along (tens of bytes a row); they are not counted.
 Measured: tests/planning/test_held_rows.py (one step's rows, plain / top-p / compute cost) and
 tests/orchestration/ray/test_async_faults.py (the rows in a K = 2 run's checkpoint). Partial
-rollouts (``orchestration.partial_rollouts``) hold their up to K · P groups as segments in
-progress (`rltt.orchestration.ray.partial_rows.Row`: per-token tensors and per-loop gates) before
-they become such rows; that buffer is counted here only as the rows it becomes, which no test has
-measured yet.
+rollouts (``orchestration.partial_rollouts``) hold no steps ahead: their up to K · P groups in
+progress are the plan's ``partial_buffer`` line instead (`rltt.planning.partial_buffer`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from rltt.planning.partial_buffer import PartialBuffer, partial_rollouts
 
 #: bytes per position of every (B, S) tensor a held step's `LearnerBatch` always has
 ALWAYS = {"input_ids": 8, "attention_mask": 8, "target_mask": 1, "exit_steps": 8, "sampler_logprobs": 4,
@@ -75,7 +75,11 @@ class HeldRows:
         return self.steps * self.step_bytes()
 
 
-def host_terms(recipe, positions: int) -> dict[str, int]:
-    """The plan's host-memory lines: ``held_ahead`` for a Ray run with K ≥ 1, else none."""
+def host_terms(recipe, positions: int, loops: int) -> dict[str, int]:
+    """The plan's host-memory lines: for a Ray run with K ≥ 1, ``held_ahead`` (the K-deep pipeline's
+    steps of rows) or, with partial rollouts, ``partial_buffer`` (its groups in progress,
+    `rltt.planning.partial_buffer`: such a run holds no steps ahead); else none."""
+    if partial_rollouts(recipe):
+        return {"partial_buffer": PartialBuffer.from_recipe(recipe, loops).bytes}
     held = HeldRows.from_recipe(recipe, positions)
     return {"held_ahead": held.bytes} if held.steps else {}

@@ -100,7 +100,7 @@ def plan_run(recipe, model_config_dict: dict, device_bytes: int, gpus: int = 1,
     shape = model_shape(model_config_dict, recipe.model.convert)
     settings = RunSettings.from_recipe(recipe, device, gpus)
     plan = plan_settings(shape, settings, device_bytes)
-    plan.host = host_terms(recipe, plan.sequence_tokens)
+    plan.host = host_terms(recipe, plan.sequence_tokens, shape.loops)
     if not plan.fits:
         plan.problem = problem_line(shape, settings, device_bytes, plan, plan_settings)
     return plan

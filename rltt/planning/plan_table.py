@@ -30,7 +30,7 @@ LABELS = {
 }
 
 #: host-memory lines (`MemoryPlan.host`), outside the device phases
-HOST_LABELS = {"held_ahead": "rows held ahead (K steps)"}
+HOST_LABELS = {"held_ahead": "rows held ahead (K steps)", "partial_buffer": "partial rollouts in progress"}
 
 
 def _gib(n: int) -> str:

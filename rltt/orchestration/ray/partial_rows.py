@@ -34,15 +34,9 @@ PAD = {"completion_ids": None, "exit_steps": 0, "logprobs": 0.0, "tempered_logpr
 
 
 def token_bytes(loops: int) -> int:
-    """Host bytes a row holds per completion token: its `TOKEN_FIELDS` and its ``loops`` gates (fp32)."""
+    """Host bytes a row holds per completion token: its `TOKEN_FIELDS` and its ``loops`` gates (fp32);
+    the memory plan's count is `rltt.planning.partial_buffer.PartialBuffer.per_token`."""
     return sum(torch.empty(0, dtype=dtype).element_size() for _, dtype in TOKEN_FIELDS) + 4 * loops
-
-
-def buffer_bytes(max_staleness: int, prompts_per_step: int, group_size: int, max_new_tokens: int,
-                 loops: int) -> int:
-    """The most a `PartialStep` buffer's rows hold: K · P groups of G rows of ``max_new_tokens``
-    tokens (the prompts ride in each group's `Task` as Python lists, not counted)."""
-    return max_staleness * prompts_per_step * group_size * max_new_tokens * token_bytes(loops)
 
 
 def segment_seed(seed: int, sample: int, segment: int) -> int:

@@ -57,7 +57,7 @@ class PartialStep(TrainingStep):
         self.admitted = 0  # groups admitted so far (the next one's index)
         self.taken = 0  # groups trained on so far
         self.dropped_rows = 0  # since the last batch was formed
-        self.dropped: list[Group] = []  # the groups dropped since the last batch (for tests and metrics)
+        self.dropped: list[Group] = []  # the groups dropped since the last batch, without their rows
         self.gen_s = 0.0  # seconds with a generate call in flight, this step
         self.trained: list[Group] = []  # the groups of the last batch formed
         self._kind, self._dtype, self._loops = "deferred", torch.float32, None  # as the engine reports them
@@ -100,7 +100,7 @@ class PartialStep(TrainingStep):
             stale = [g for g in pool if g.first_version is not None and g.first_version < floor]
             for g in stale:
                 pool.remove(g)
-                self.dropped.append(g)
+                self.dropped.append(replace(g, rows=[]))  # its prompt, for the count: the rows are freed
                 self.dropped_rows += len(g.rows)
 
     def _tick(self) -> None:
