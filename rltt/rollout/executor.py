@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.buckets import attached
 from rltt.rollout.kv_cache import GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload
 
 
@@ -81,6 +82,11 @@ class PassExecutor:
         self.cos, self.sin = self.inner.rotary_emb(positions, self.dtype)  # (max_len, 1, D), once
         self._plan: _PassPlan | None = None
         self._ran: _PassPlan | None = None  # the last pass's plan
+        # the bucketed passes of the engine that last sampled with this model (`rltt.rollout.buckets`;
+        # a replay runs its passes as they ran); None: every pass unpadded
+        self.buckets = attached(model)
+        if self.buckets is not None:
+            self.buckets.prepare()
 
     @torch.no_grad()
     def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
@@ -94,10 +100,14 @@ class PassExecutor:
         # step 1 reads no carry (z_1 = e): skip the gather
         carry = embeds if plan.uniform and steps[0] == 1 else carry_flat.index_select(0, plan.carry_rows)
         attend = GroupedAttend(self.cache, plan.groups, plan.write_rows, self.scale)
-        # the items are the batch axis, one position each: (N, 1, d)
-        h, carry = self.inner.step(embeds[:, None], carry[:, None], step, plan.cos, plan.sin, attend)
+        size = None if self.buckets is None else self.buckets.size_of(embeds.shape[0])
+        if size is not None:  # padded to a bucket's static shape (replayed as CUDA graphs on a GPU)
+            h, carry = self.buckets.step(size, embeds, carry, step, plan.cos, plan.sin, attend)
+        else:  # the items are the batch axis, one position each: (N, 1, d)
+            h, carry = self.inner.step(embeds[:, None], carry[:, None], step, plan.cos, plan.sin, attend)
+            carry = carry[:, 0]
         gates = self.inner.gate(h)[:, 0]
-        carry_flat.index_copy_(0, plan.carry_rows, carry[:, 0])
+        carry_flat.index_copy_(0, plan.carry_rows, carry)
         self.gates.view(-1).index_copy_(0, plan.gate_cells, gates)
         return h[:, 0], gates, plan.last
 

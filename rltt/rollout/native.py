@@ -25,6 +25,7 @@ from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.completions import CompletedRow, completion_batch
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, RolloutStats, Schedule, join_schedules
+from rltt.rollout.buckets import attach, pass_buckets
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.kv_cache import upload
@@ -62,11 +63,17 @@ class NativeEngine(RolloutEngine):
 
     ``chunk_rows``: at most this many rows per batch of passes (`chunks`; a prompt's ``n`` rows stay
     together, so a chunk holds at least one prompt); None runs each call as one batch.
+
+    ``cuda_graphs`` (``rollout.cuda_graphs``; None: on with CUDA): passes padded to bucketed item
+    counts, their pieces between attention calls captured as CUDA graphs and replayed
+    (`rltt.rollout.buckets`). ``buckets`` (None: as ``cuda_graphs``): the bucketed passes without
+    capture — on CPU they run eagerly, bit for bit the unbucketed passes' values.
     """
 
     replayable = True
 
-    def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None):
+    def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None, cuda_graphs: bool | None = None,
+                 buckets: bool | None = None):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
@@ -76,6 +83,7 @@ class NativeEngine(RolloutEngine):
         self.chunk_rows = chunk_rows
         self.weights_version = 0
         self.extra_weights: dict[str, torch.Tensor] = {}
+        self.buckets = pass_buckets(model, cuda_graphs, buckets)
 
     @torch.no_grad()
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -106,6 +114,7 @@ class NativeEngine(RolloutEngine):
         chunked or not (what a chunk changes is the rounding of a smaller batch, docs/design.md
         §2.7), and the merged record replays chunk by chunk."""
         start_time = time.perf_counter()
+        attach(self.model, self.buckets)  # this engine's passes; a replay with the model follows them
         cfg = self.model.config
         T = cfg.num_loops
         params.validate(T, cfg.vocab_size)

@@ -1,0 +1,61 @@
+"""Device bytes of the native engine's bucketed passes (`rltt.rollout.buckets`), per bucket.
+
+With S items in a bucket, d the hidden size, q = heads·D, kv = kv_heads·D, f the MLP width and b
+the engine dtype's bytes, a bucket's static buffers are::
+
+    bucket_buffers  S·(2·d·b + 2·D·b + 8 + q·b)          embeddings, carries, RoPE cos/sin, steps (int64),
+                                                        attention output
+                    + S·(q + 2·kv)·b with CUDA graphs    the captured pieces' q/k/v for the eager attention
+
+(`bucket_buffer_bytes`; tests/rollout/test_buckets.py measures them on CPU). With CUDA graphs every
+bucket also captures up to K graphs of L + 1 pieces — K step kinds: the first step, later uniform
+steps and mixed steps (3), or 1 + T + 1 with a step-wise LoRA — in one shared memory pool that
+keeps each capture's outputs (h and the carry, 2·S·d·b) and the largest bucket's intermediates of
+one piece::
+
+    graph_pool      Σ_S K·2·S·d·b + S_max·(8·d + 3·q + 4·kv + 4·f)·b
+
+An upper bound from the ops of a piece (two norms, q/k/v, RoPE, o_proj, the SwiGLU MLP, residual
+adds), not measured on a GPU yet (bench/gpu_check.py's rollouts section records allocated bytes
+before and after its first bucketed rollout).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rltt.planning.shapes import ModelShape
+
+
+def bucket_buffer_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int], capture: bool) -> int:
+    """Static buffers of the buckets ``sizes`` (`rltt.rollout.buckets._Bucket`)."""
+    d, D, q, kv = shape.hidden, shape.head_dim, shape.q_dim, shape.kv_heads * shape.head_dim
+    per_item = 2 * d * dtype_bytes + 2 * D * dtype_bytes + 8 + q * dtype_bytes
+    if capture:
+        per_item += (q + 2 * kv) * dtype_bytes
+    return sum(sizes) * per_item
+
+
+def step_kinds(shape: ModelShape) -> int:
+    """Graphs captured per bucket at most (`rltt.rollout.buckets.PassBuckets.step`'s kinds)."""
+    return shape.loops + 2 if shape.lora_rank else 3
+
+
+def graph_pool_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int]) -> int:
+    """Upper bound of the CUDA graphs' shared pool for the buckets ``sizes`` (module docstring)."""
+    sizes = list(sizes)
+    if not sizes:
+        return 0
+    d, q, kv, f = shape.hidden, shape.q_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    outputs = step_kinds(shape) * 2 * d * dtype_bytes * sum(sizes)
+    return outputs + max(sizes) * (8 * d + 3 * q + 4 * kv + 4 * f) * dtype_bytes
+
+
+def engine_graphs_bytes(shape: ModelShape, dtype_bytes: int, capture: bool, sizes: Iterable[int] | None = None) -> int:
+    """What the bucketed passes keep on the device between rollouts: every bucket of the table (a pass's
+    items are not known in advance) — buffers, plus the graph pool with ``capture``."""
+    from rltt.rollout.buckets import BUCKETS
+
+    sizes = list(BUCKETS if sizes is None else sizes)
+    return bucket_buffer_bytes(shape, dtype_bytes, sizes, capture) + (
+        graph_pool_bytes(shape, dtype_bytes, sizes) if capture else 0)

@@ -1,0 +1,191 @@
+"""Bucketed passes (rltt.rollout.buckets): padded to static item counts — the shapes a CUDA graph
+captures — they compute, on CPU, what the unpadded passes compute, bit for bit: tokens, exits,
+log-probs, gates, kept sets, pass records, the executor's KV cache, carries and gates; a replay of a
+bucketed rollout is bitwise; the learner's ratio is exactly 1 at the rollout weights."""
+
+import itertools
+
+import pytest
+import torch
+
+from rltt.errors import RlttError
+from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
+from rltt.rollout.buckets import BUCKETS, SMALLEST, PassBuckets, attach, bucket_of, resolve_cuda_graphs
+from rltt.rollout.executor import PassExecutor
+
+from .helpers import prompts, tiny_model
+
+
+def test_the_bucket_table():
+    assert list(BUCKETS) == sorted(set(BUCKETS)) and BUCKETS[0] == SMALLEST == 4
+    for n in range(0, BUCKETS[-1] + 40):
+        size = bucket_of(n)
+        if n < SMALLEST or n > BUCKETS[-1]:
+            assert size is None  # 1-3 items: their GEMM kernel class; beyond the table: unbucketed
+        else:
+            assert size in BUCKETS and size >= n and all(b < n for b in BUCKETS if b < size)
+
+
+def _fields(batch):
+    fields = [batch.completion_ids, batch.exit_steps, batch.logprobs, batch.tempered_logprobs,
+              batch.gate_probs.nan_to_num(-1.0), batch.exit_logprobs, batch.kept_floor, batch.completion_mask,
+              batch.stats.row_passes]
+    return fields + [t for p in batch.schedule.passes for t in (p.work, p.exits)]
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _compare(model, sizes, params, chunk_rows=None):
+    """The unbucketed and the bucketed engine on the same model and prompts: every recorded field
+    equal; returns the bucketed batch and the passes it padded."""
+    want = NativeEngine(model, chunk_rows=chunk_rows).generate(prompts(sizes, seed=2), params)
+    engine = NativeEngine(model, chunk_rows=chunk_rows, buckets=True)
+    got = engine.generate(prompts(sizes, seed=2), params)
+    assert _equal(_fields(got), _fields(want))
+    return got, engine.buckets
+
+
+POLICIES = ["sample", "threshold:0.6", "final", "fixed:2"]
+DTYPES = [torch.float32, torch.bfloat16]
+# (prompt lengths, n): passes of 1-3 items (unbucketed), 4 and more (padded), prefill and pending entries
+SHAPES = [([3, 6], 2), ([2, 5, 7], 3), ([4, 1, 9, 2, 6], 1), ([5], 6), ([3, 8, 2, 4], 5)]
+CASES = list(itertools.product(DTYPES, ["dense", "deferred"], POLICIES))
+
+
+@pytest.mark.parametrize("dtype,schedule,policy", CASES)
+def test_bucketed_rollouts_equal_the_unbucketed_bit_for_bit(dtype, schedule, policy):
+    shape = SHAPES[CASES.index((dtype, schedule, policy)) % len(SHAPES)]
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=6, n=shape[1], seed=5, exit_policy=policy,
+                            schedule=schedule)
+    _, buckets = _compare(model, shape[0], params)
+    assert buckets.eager > 0 and len(buckets.buckets) >= 1  # passes were padded (fails without the buckets)
+
+
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, model=dict(lora_rank=2), sampling=dict(temperature=1.0)),  # step-wise LoRA: int steps
+    dict(dtype=torch.bfloat16, model=dict(injection="scalar", qk_norm=True, attention_bias=True),
+         sampling=dict(temperature=0.7, top_k=9)),
+    dict(dtype=torch.float32, model=dict(norm_placement="ouro", num_loops=3), sampling=dict(temperature=0)),
+    dict(dtype=torch.bfloat16, model=dict(num_key_value_heads=4, carry_normed_state=True),
+         sampling=dict(temperature=1.0, stop_token_ids=[3, 7, 11])),
+    dict(dtype=torch.float32, model=dict(), sampling=dict(temperature=1.0, stop_token_ids=[5, 9]), chunk_rows=6),
+])
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+def test_model_variants_stop_tokens_and_chunks(case, schedule):
+    model = tiny_model(dtype=case["dtype"], **case["model"])
+    params = SamplingParams(max_new_tokens=7, n=3, seed=9, exit_policy="sample", schedule=schedule, **case["sampling"])
+    _, buckets = _compare(model, [4, 7, 2, 5], params, chunk_rows=case.get("chunk_rows"))
+    assert buckets.eager > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("loops", [1, 2, 4])
+def test_a_sweep_of_batch_sizes_and_loops(dtype, loops):
+    """Every item count from 4 to 48 appears in these passes (prefill, dense and deferred decode)."""
+    model = tiny_model(dtype=dtype, num_loops=loops)
+    seen = set()
+    for rows, schedule, policy in itertools.product((4, 5, 7, 11, 16), ("dense", "deferred"), ("sample", "final")):
+        params = SamplingParams(temperature=1.0, max_new_tokens=5, n=1, seed=rows, exit_policy=policy,
+                                schedule=schedule)
+        batch, _ = _compare(model, [1 + (3 * r) % 5 for r in range(rows)], params)
+        seen |= {int(p.entries()) for p in batch.schedule.passes}
+    assert any(n >= SMALLEST and n not in BUCKETS for n in seen)  # padded passes among them
+
+
+@pytest.mark.parametrize("dtype,schedule", [(torch.float32, "deferred"), (torch.bfloat16, "dense"),
+                                            (torch.bfloat16, "deferred")])
+def test_replay_of_a_bucketed_rollout_is_bitwise(dtype, schedule):
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=6, n=3, seed=4, exit_policy="sample",
+                            schedule=schedule)
+    engine = NativeEngine(model, chunk_rows=6, buckets=True)
+    batch = engine.generate(prompts([3, 5, 2], seed=1), params)
+    replays = engine.buckets.eager
+    replayed = replay_logprobs(model, batch)  # follows the engine that sampled: bucketed passes
+    assert engine.buckets.eager > replays
+    assert torch.equal(replayed.logprobs, batch.logprobs)
+    assert torch.equal(replayed.tempered_logprobs, batch.tempered_logprobs)
+    assert torch.equal(replayed.exit_logprobs, batch.exit_logprobs)
+    attach(model, None)  # and the unbucketed passes replay it bit for bit too (CPU)
+    assert torch.equal(replay_logprobs(model, batch).logprobs, batch.logprobs)
+
+
+@pytest.mark.parametrize("dtype,schedule", [(torch.float32, "dense"), (torch.bfloat16, "deferred")])
+def test_the_learner_ratio_is_exactly_one_after_a_bucketed_rollout(dtype, schedule):
+    import copy
+
+    from rltt.learner import AlgorithmConfig, Learner, LearnerBatch, LearnerConfig
+
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.9, max_new_tokens=7, n=2, seed=3, exit_policy="sample", schedule=schedule)
+    engine = NativeEngine(model, buckets=True)
+    rollout = engine.generate(prompts([4, 6], seed=1), params)
+    assert engine.buckets.eager > 0
+    batch = LearnerBatch.from_rollout(rollout, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    cfg = LearnerConfig(lr=1e-3, micro_batch_size=2, dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+    learner = Learner(copy.deepcopy(model).float(), cfg, AlgorithmConfig(track_kl=False), batch_size=batch.size,
+                      max_len=7, rollout_dtype=dtype)
+    metrics = learner.update(batch)
+    assert metrics["policy/ratio_mean"] == 1.0 and metrics["policy/ratio_max"] == 1.0
+    assert metrics["policy/ratio_min"] == 1.0
+
+
+def test_passes_per_token_are_the_exit_steps_under_bucketing():
+    """One row, deferred: each token takes exactly its t* passes (its prompt rides along in the first
+    token's passes, padded), so passes per token = the mean exit step."""
+    model = tiny_model()
+    params = SamplingParams(temperature=1.0, max_new_tokens=9, seed=1, exit_policy="sample", schedule="deferred")
+    batch, buckets = _compare(model, [7], params)
+    assert buckets.eager > 0
+    assert batch.stats.passes == int(batch.exit_steps[batch.completion_mask].sum())
+
+
+def test_padded_items_write_nothing():
+    """Executor state after the same passes with and without buckets: KV cache, carries and gates
+    bit for bit (padded items write no cell), and the padded buffers' extra rows never reach it."""
+    model = tiny_model()
+    plans = [([0, 1, 2, 3, 4], [0, 0, 0, 0, 0], [3, 4, 2, 5, 1], [1, 1, 1, 1, 1]),
+             ([0, 1, 2, 3, 4], [0, 0, 0, 0, 0], [3, 4, 2, 5, 1], [2, 2, 2, 2, 2]),
+             ([0, 2, 1, 3, 4], [4, 3, 0, 0, 2], [4, 3, 4, 5, 2], [1, 1, 3, 3, 3])]
+    states = []
+    for buckets in (None, PassBuckets(model, capture=False)):
+        attach(model, buckets)
+        executor = PassExecutor(model, 5, 8)
+        executor.tokens.copy_(torch.randint(1, 60, (5, 8), generator=torch.Generator().manual_seed(0)))
+        outs = [executor.run(*plan)[:2] for plan in plans]
+        states.append([t.clone() for o in outs for t in o] + executor.cache.keys + executor.cache.values
+                      + [executor.carry, executor.gates.nan_to_num(-1.0)])
+        if buckets is not None:
+            assert buckets.eager == len(plans) and sorted(buckets.buckets) == [16, 24]
+    attach(model, None)
+    assert _equal(states[0], states[1])
+
+
+def test_bucket_buffers_are_the_plans():
+    """The static buffers a bucket allocates: the memory plan's per-bucket bytes (measured)."""
+    from rltt.planning.graph_memory import bucket_buffer_bytes
+    from rltt.planning.shapes import ModelShape
+
+    for dtype in DTYPES:
+        model = tiny_model(dtype=dtype)
+        buckets = PassBuckets(model, capture=False)
+        for size in (4, 12, 96):
+            buckets.bucket(size)
+        shape = ModelShape.of(model.config)
+        assert buckets.nbytes() == bucket_buffer_bytes(shape, dtype.itemsize, (4, 12, 96), capture=False)
+        assert bucket_buffer_bytes(shape, 2, (4,), capture=True) > bucket_buffer_bytes(shape, 2, (4,), capture=False)
+
+
+def test_cuda_graphs_setting():
+    assert resolve_cuda_graphs(None, "cpu") is False and resolve_cuda_graphs(False, "cpu") is False
+    with pytest.raises(Exception, match="rollout.cuda_graphs.*CUDA"):
+        resolve_cuda_graphs(True, "cpu")
+    with pytest.raises(Exception, match="rollout.cuda_graphs"):
+        NativeEngine(tiny_model(), cuda_graphs=True)
+    assert NativeEngine(tiny_model()).buckets is None  # CPU default: today's passes
+    with pytest.raises(RlttError, match="CUDA"):
+        PassBuckets(tiny_model(), capture=True)
