@@ -50,16 +50,29 @@ def check_device(key: str, device: str) -> None:
         raise recipe_error(key, f"must be auto | cpu | cuda[:i], got {device!r}")
 
 
-def check_exit_policy(key: str, spec: str | None, num_loops: int | None) -> None:
-    """``spec`` parses as ``final | fixed:k | threshold:q | sample`` (k <= ``num_loops`` when known)."""
+def check_exit_policy(key: str, spec, num_loops: int | None):
+    """``spec`` parsed as ``final | fixed:k | threshold:q | sample`` (k <= ``num_loops`` when known;
+    an `ExitPolicy` is only checked against it); None stays None."""
     if spec is None:
-        return
+        return None
     from rltt.model.exits import ExitPolicy
 
     try:
-        ExitPolicy.parse(spec, num_loops, field=key)
+        return spec.check(num_loops, key) if isinstance(spec, ExitPolicy) else ExitPolicy.parse(spec, num_loops, key)
     except ConfigError as exc:
         raise recipe_error(key, str(exc).removeprefix(f"{key}: ")) from None
+
+
+def parsed_exit_policy(section, name: str, key: str, num_loops: int | None = None):
+    """The `ExitPolicy` of ``section.<name>`` (its text in the recipe; None: the model's own),
+    parsed once per value and kept on the section: a recipe parses its policies when it loads
+    (``validate``, against T when known) and what builds `SamplingParams` from it takes the
+    parsed policy, so no engine parses one per call. A changed value is parsed again."""
+    spec = getattr(section, name)
+    kept = section.__dict__.setdefault("_exit_policies", {}).get(name)
+    policy = check_exit_policy(key, kept[1] if kept is not None and kept[0] == spec else spec, num_loops)
+    section.__dict__["_exit_policies"][name] = (spec, policy)
+    return policy
 
 
 def path_exists(text: str) -> bool:

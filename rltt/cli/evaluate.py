@@ -108,13 +108,11 @@ def _run_results(args: argparse.Namespace, reps: int, permutations: int) -> int:
 
 
 def _exit_policy(spec: str | None):
-    """--exit-policy, checked before the model loads (a bad policy is one line), or None: the
+    """--exit-policy parsed (once, before the model loads: a bad policy is one line), or None: the
     recipe's evaluation policy (train.eval_exit_policy, else the rollout's)."""
     from rltt.model.exits import ExitPolicy
 
-    if spec is not None:
-        ExitPolicy.parse(spec, None, field="--exit-policy")
-    return spec
+    return None if spec is None else ExitPolicy.parse(spec, None, field="--exit-policy")
 
 
 def _run_recipe(args: argparse.Namespace, reps: int) -> int:

@@ -54,7 +54,7 @@ def is_correct(completion: str, problem: SyntheticProblem) -> bool:
 
 @torch.no_grad()
 def solve_rate(model, tokenizer, problems: list[SyntheticProblem], *, template: str, max_new_tokens: int,
-               temperature: float = 1.0, exit_policy: str = "final", batch_size: int = 64, seed: int = 0,
+               temperature: float = 1.0, exit_policy="final", batch_size: int = 64, seed: int = 0,
                device="cpu") -> SolveResult:
     """Sample one completion per problem (pure temperature sampling, no top-k/top-p) and score it.
 

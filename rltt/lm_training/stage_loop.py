@@ -40,6 +40,7 @@ from rltt.runtime.device import pick_device, require_cuda
 from rltt.runtime.paths import check_run_dir
 from rltt.runtime.run_lock import RunLock
 from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
+from rltt.sections import parsed_exit_policy
 from rltt.lm_training.stage_recipe import StageRecipe
 from rltt.lm_training.lr_schedule import warmup_cosine
 from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema, truncate_metrics
@@ -242,7 +243,8 @@ class StageRun:
         if self.problems:
             result = solve_rate(self.model, self.tokenizer, self.problems, template=d.prompt_template,
                                 max_new_tokens=e.max_new_tokens, temperature=e.temperature,
-                                exit_policy=e.exit_policy, batch_size=e.solve_batch_size,
+                                exit_policy=parsed_exit_policy(e, "exit_policy", "eval.exit_policy"),
+                                batch_size=e.solve_batch_size,
                                 seed=e.seed, device=self.device)
             out.update(solve_metrics(result))
         self.last_eval = out

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from rltt.config import (Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
                          load_recipe, recipe_error)
 from rltt.sections import (STAGE_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
-                           TrainSection, check_exit_policy, is_dir, is_file)
+                           TrainSection, is_dir, is_file, parsed_exit_policy)
 
 
 @dataclass
@@ -225,7 +225,7 @@ class StageRecipe:
     seed: int = 0
 
     def validate(self) -> None:
-        check_exit_policy("eval.exit_policy", self.eval.exit_policy, self.model.num_loops)
+        parsed_exit_policy(self.eval, "exit_policy", "eval.exit_policy", self.model.num_loops)
 
 
 @dataclass

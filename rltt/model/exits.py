@@ -28,29 +28,35 @@ class ExitPolicy:
 
     @classmethod
     def parse(cls, spec: "str | ExitPolicy", num_loops: int | None, field: str = "exit_policy") -> "ExitPolicy":
-        """Parse ``final | fixed:k | threshold:q | sample``; ``num_loops`` None: T not known yet."""
+        """Parse ``final | fixed:k | threshold:q | sample``; ``num_loops`` None: T not known yet.
+
+        A policy is parsed once, where its text enters rltt (a recipe when it loads, a CLI flag,
+        `SamplingParams` when built, a model's config once per value); what runs per call holds
+        the parsed policy and only checks it against the model's T (`check`)."""
         if isinstance(spec, ExitPolicy):
-            policy = spec
-        else:
-            text = str(spec).strip()
-            kind, _, arg = text.partition(":")
-            if kind not in POLICY_KINDS:
-                raise ConfigError(f"{field}: unknown exit policy {text!r}; use final | fixed:k | threshold:q | sample")
-            if kind in ("final", "sample"):
-                if arg:
-                    raise ConfigError(f"{field}: exit policy {kind!r} takes no argument, got {text!r}")
-                policy = cls(kind)
-            else:
-                try:
-                    value = int(arg) if kind == "fixed" else float(arg)
-                except ValueError:
-                    raise ConfigError(f"{field}: exit policy {text!r} needs a number after ':'") from None
-                policy = cls(kind, value)
-        if policy.kind == "fixed" and not 1 <= int(policy.value) <= (num_loops or int(policy.value)):
-            raise ConfigError(f"{field}: fixed:{policy.value} is out of range 1..{num_loops or 'T'}")
-        if policy.kind == "threshold" and not 0.0 < float(policy.value) <= 1.0:
-            raise ConfigError(f"{field}: threshold:{policy.value} must be in (0, 1]")
-        return policy
+            return spec.check(num_loops, field)
+        text = str(spec).strip()
+        kind, _, arg = text.partition(":")
+        if kind not in POLICY_KINDS:
+            raise ConfigError(f"{field}: unknown exit policy {text!r}; use final | fixed:k | threshold:q | sample")
+        if kind in ("final", "sample"):
+            if arg:
+                raise ConfigError(f"{field}: exit policy {kind!r} takes no argument, got {text!r}")
+            return cls(kind).check(num_loops, field)
+        try:
+            value = int(arg) if kind == "fixed" else float(arg)
+        except ValueError:
+            raise ConfigError(f"{field}: exit policy {text!r} needs a number after ':'") from None
+        return cls(kind, value).check(num_loops, field)
+
+    def check(self, num_loops: int | None, field: str = "exit_policy") -> "ExitPolicy":
+        """``self`` when its step k / threshold q is in range for T = ``num_loops`` (None: T not
+        known yet), else a one-line `ConfigError` naming ``field``."""
+        if self.kind == "fixed" and not 1 <= int(self.value) <= (num_loops or int(self.value)):
+            raise ConfigError(f"{field}: fixed:{self.value} is out of range 1..{num_loops or 'T'}")
+        if self.kind == "threshold" and not 0.0 < float(self.value) <= 1.0:
+            raise ConfigError(f"{field}: threshold:{self.value} must be in (0, 1]")
+        return self
 
     def __str__(self) -> str:
         return self.kind if self.value is None else f"{self.kind}:{self.value}"

@@ -321,7 +321,17 @@ class LoopedForCausalLM(LoopedPreTrainedModel, GenerationMixin):
         self.model.embed_tokens = value
 
     def exit_policy(self, spec=None) -> ExitPolicy:
-        return ExitPolicy.parse(spec if spec is not None else self.config.exit_policy, self.config.num_loops)
+        """``spec`` (an `ExitPolicy` or its text) checked against T, else the config's own policy,
+        parsed once per ``(config.exit_policy, num_loops)`` and kept (a changed config re-parses)."""
+        if isinstance(spec, ExitPolicy):
+            return spec.check(self.config.num_loops)
+        if spec is not None:
+            return ExitPolicy.parse(spec, self.config.num_loops)
+        key = (self.config.exit_policy, self.config.num_loops)
+        cached = self.__dict__.get("_config_exit_policy")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_config_exit_policy"] = (key, ExitPolicy.parse(*key))
+        return cached[1]
 
     def forward(
         self,

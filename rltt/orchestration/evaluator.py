@@ -23,6 +23,7 @@ from rltt.orchestration.groups import sample_scored
 from rltt.orchestration.policy import RecipePolicy, sampling_params, stop_ids
 from rltt.orchestration.prompt_stream import Task, eval_tasks
 from rltt.rollout import RolloutEngine, SamplingParams
+from rltt.sections import parsed_exit_policy
 from rltt.telemetry import schema as m
 
 EVAL_SEED_OFFSET = 7  # the evaluation's draws: seed recipe.seed + 7, apart from every rollout seed
@@ -68,9 +69,10 @@ class EvalResult:
 
 def eval_exit_policy(recipe):
     """The exit policy a train recipe evaluates with: ``train.eval_exit_policy`` (e.g. a
-    deployment ``threshold:q``), else the rollout's ``rollout.exit_policy``."""
-    own = getattr(recipe.train, "eval_exit_policy", None)
-    return own if own is not None else recipe.rollout.exit_policy
+    deployment ``threshold:q``), else the rollout's ``rollout.exit_policy`` (parsed, `ExitPolicy`)."""
+    if getattr(recipe.train, "eval_exit_policy", None) is not None:
+        return parsed_exit_policy(recipe.train, "eval_exit_policy", "train.eval_exit_policy")
+    return parsed_exit_policy(recipe.rollout, "exit_policy", "rollout.exit_policy")
 
 
 def eval_sampling(recipe, stop_token_ids: list[int], decode, thinking=None, *, samples: int | None = None,
@@ -158,7 +160,7 @@ class EvalReport:
     samples: int
     temperature: float
     result: EvalResult
-    exit_policy: object = None  # the policy it scored with (None: the model config's)
+    exit_policy: str | None = None  # the policy it scored with (None: the model config's)
 
     def to_dict(self) -> dict:
         r = self.result
@@ -201,4 +203,4 @@ def evaluate_recipe(recipe, *, samples: int | None = None, split: str | None = N
                           episodes=EpisodeRunner.from_recipe(recipe, policy.encode, policy.decode))
     shown_source = eval_source or (f"{d.source} (held out)" if d.source.startswith("synthetic") else d.source)
     return EvalReport(str(policy.model_path), shown_source, split, len(tasks), params.n, params.temperature, result,
-                      params.exit_policy)
+                      None if params.exit_policy is None else str(params.exit_policy))

@@ -15,6 +15,7 @@ from rltt.errors import RlttError
 from rltt.orchestration.engines import make_engine
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.runtime.device import pick_device
+from rltt.sections import parsed_exit_policy
 
 
 def resolve_model_path(path: str) -> Path:
@@ -83,7 +84,8 @@ def sampling_params(rollout, stop_token_ids: list[int], decode, thinking=None, *
                              "max_new_tokens": rollout.max_new_tokens, "stop_token_ids": list(stop_token_ids),
                              "stop_strings": list(rollout.stop_strings),
                              "decoder": decode if rollout.stop_strings else None,
-                             "exit_policy": rollout.exit_policy, "schedule": rollout.schedule,
+                             "exit_policy": parsed_exit_policy(rollout, "exit_policy", "rollout.exit_policy"),
+                             "schedule": rollout.schedule,
                              "thinking": thinking, **call})
 
 

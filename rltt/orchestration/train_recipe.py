@@ -17,7 +17,7 @@ from rltt.orchestration.ray.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
-                           TrainSection, check_exit_policy, path_exists)
+                           TrainSection, parsed_exit_policy, path_exists)
 
 
 @dataclass
@@ -228,10 +228,10 @@ class TrainRecipe:
     def validate(self) -> None:
         if not self.rewards:
             raise recipe_error("rewards", "needs at least one reward function")
-        check_exit_policy("rollout.exit_policy", self.rollout.exit_policy, self.model.known_num_loops())
+        policy = parsed_exit_policy(self.rollout, "exit_policy", "rollout.exit_policy", self.model.known_num_loops())
         self.env.check_rollout(self.rollout, self.orchestration)
-        check_exit_policy("train.eval_exit_policy", self.train.eval_exit_policy, self.model.known_num_loops())
-        kind = (self.rollout.exit_policy or "").partition(":")[0]
+        parsed_exit_policy(self.train, "eval_exit_policy", "train.eval_exit_policy", self.model.known_num_loops())
+        kind = policy.kind if policy is not None else ""
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability
             raise recipe_error("algorithm.exit_action", f"needs rollout.exit_policy: sample (the exit step is then "
                                                         f"drawn from p, part of the action), got "

@@ -106,6 +106,13 @@ class NativeEngine(RolloutEngine):
         per = num_prompts if self.chunk_rows is None else max(1, self.chunk_rows // n)
         return [(a, min(a + per, num_prompts)) for a in range(0, num_prompts, per)]
 
+    def open_turns(self, prompts: list[list[int]], params: SamplingParams, max_tokens: int):
+        """Multi-turn sessions that keep each row's KV cache and decode state between turns and
+        prefill only what was appended (`rltt.rollout.continuation`), one chunk of prompts at a time."""
+        from rltt.rollout.continuation import native_turns  # it builds on this module
+
+        return native_turns(self, prompts, params, max_tokens)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions per prompt. With ``chunk_rows`` the rows run in chunks
@@ -120,8 +127,7 @@ class NativeEngine(RolloutEngine):
         params.validate(T, cfg.vocab_size)
         prompts = check_prompts(prompts, cfg.vocab_size, cfg.max_position_embeddings)
         params.check_prompt_seeds(len(prompts))
-        policy = ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy, T,
-                                  field="SamplingParams.exit_policy")
+        policy = params.exit_policy if params.exit_policy is not None else self.model.exit_policy()  # parsed already
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         n = params.n
         random = RowRandom(seed, self.model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
@@ -165,24 +171,70 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     """Run one batch of whole prompts to the end (``random``: its rows' draws). Its `PassExecutor` —
     the KV cache — holds ``len(prompts) · n`` rows of the chunk's longest prompt plus the longest
     completion a row can reach (`kv_positions`), and goes when this returns."""
+    state, prefill = open_chunk(model, prompts, params, policy, random)
+    return decode_chunk(state, params, stops, [params.max_new_tokens] * state.executor.num_rows, prefill)
+
+
+@dataclass
+class ChunkState:
+    """A chunk between calls of `decode_chunk` (a multi-turn episode continues its rows,
+    `rltt.rollout.continuation`): the executor (KV cache, carries, gates, tokens), the scheduler, the
+    exit decider and the rows' keys; ``starts[r]``: the position of the state that produces row r's
+    first completion token of the current call; ``counted[r]``: the serial passes of row r already
+    reported by an earlier call."""
+
+    model: LoopedForCausalLM
+    policy: ExitPolicy
+    random: RowRandom
+    executor: PassExecutor
+    sched: Scheduler
+    decider: ExitDecider
+    starts: list[int]
+    counted: list[int]
+
+
+def open_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
+               random: RowRandom, width: int | None = None) -> tuple[ChunkState, list[PassRecord]]:
+    """A chunk of ``len(prompts) · n`` rows ready to decode, and the passes of its shared prefill.
+    The executor holds the longest prompt plus ``width`` completion positions per row (None: the
+    longest completion ``params`` let a row reach, `kv_positions`), at most the model's positions."""
     cfg = model.config
     T = cfg.num_loops
     prompt_index = [i for i in range(len(prompts)) for _ in range(params.n)]
     lengths = [len(prompts[i]) for i in prompt_index]
     num_rows = len(prompt_index)
-    thinking = params.thinking
-    max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
-    executor = PassExecutor(model, num_rows, kv_positions(max(lengths), params, max_positions))
+    max_positions = cfg.max_position_embeddings
+    positions = (kv_positions(max(lengths), params, max_positions) if width is None
+                 else min(max(lengths) + width, max_positions + 1))
+    executor = PassExecutor(model, num_rows, positions)
     for r, i in enumerate(prompt_index):
         executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
     sched = Scheduler(params.schedule, T, lengths)
     decider = ExitDecider(policy, T, random, num_rows)
     decider.start_tokens(list(range(num_rows)), [0] * num_rows)
+    prefill = shared_prefill(executor, prompts, prompt_index, lengths, T, sched)
+    return ChunkState(model, policy, random, executor, sched, decider, [n - 1 for n in lengths],
+                      [0] * num_rows), prefill
+
+
+def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap: list[int],
+                 passes: list[PassRecord] = ()) -> _ChunkRun:
+    """Run passes until no row of the chunk is active. ``cap[r]``: row r's completion tokens in this
+    call; ``passes``: passes already run for this call (a shared prefill), first in its record. The
+    `_ChunkRun` holds this call's tokens and passes, and the serial passes each row took part in
+    since the previous call (`ChunkState.counted`)."""
+    model, executor, sched, decider = state.model, state.executor, state.sched, state.decider
+    policy, random = state.policy, state.random
+    cfg = model.config
+    T = cfg.num_loops
+    num_rows = executor.num_rows
+    thinking = params.thinking
+    max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
 
     out = [CompletedRow() for _ in range(num_rows)]
-    cap = [params.max_new_tokens] * num_rows  # each row's completion cap (a thinking budget's rule changes it)
+    cap = list(cap)  # each row's completion cap (a thinking budget's rule changes it)
     schedule = Schedule(params.schedule, replayable=True)
-    schedule.passes.extend(shared_prefill(executor, prompts, prompt_index, lengths, T, sched))
+    schedule.passes.extend(passes)
     # the prefill's entries from its host-side records (`PassRecord.entries` reads a tensor sum)
     entries = sum(e - s + 1 for p in schedule.passes for _, s, e, _ in host_list(p.work))
     known_exits = policy.kind in ("final", "fixed")  # no gate values needed to decide
@@ -271,13 +323,16 @@ def _run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     if later is not None:
         later.fill(out)
 
+    row_passes = [a - b for a, b in zip(sched.row_passes, state.counted)]
+    state.counted = list(sched.row_passes)
     stats = RolloutStats(
-        passes=len(schedule.passes), row_passes=torch.tensor(sched.row_passes), entries_computed=entries,
+        passes=len(schedule.passes), row_passes=torch.tensor(row_passes), entries_computed=entries,
         entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
     )
-    # completion token 0 came from position P - 1; copied out, so the executor can go
+    # completion token 0 came from position `starts` (P - 1 in a first call); copied out, so the executor can go
     all_gates = executor.gates.cpu()  # one read
-    gates = [all_gates[:, r, lengths[r] - 1: lengths[r] - 1 + len(row.tokens)].clone() for r, row in enumerate(out)]
+    starts = state.starts
+    gates = [all_gates[:, r, starts[r]: starts[r] + len(row.tokens)].clone() for r, row in enumerate(out)]
     return _ChunkRun(out, gates, schedule, stats)
 
 

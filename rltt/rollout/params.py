@@ -102,8 +102,9 @@ class SamplingParams:
       (prompt_seeds[i], j), so a prompt's samples do not depend on the other prompts of the call
       (batched curation); equal to a one-prompt call with ``seed=prompt_seeds[i]``.
     - ``n``: completions per prompt (a group); rows are prompt-major.
-    - ``exit_policy``: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample`` (docs/design.md §1.8);
-      None uses the model config's.
+    - ``exit_policy``: an `ExitPolicy`, or its text ``final`` | ``fixed:k`` | ``threshold:q`` |
+      ``sample`` (docs/design.md §1.8), parsed once when the params are built; None uses the
+      model config's.
     - ``schedule``: ``dense`` (every token runs all T steps) or ``deferred`` (docs/design.md §2.1–2.3).
     - ``thinking``: a `ThinkingBudget` (forced answer after ``budget`` unclosed thinking tokens),
       or None.
@@ -123,6 +124,14 @@ class SamplingParams:
     exit_policy: str | ExitPolicy | None = None
     schedule: str = "deferred"
     thinking: ThinkingBudget | None = None
+
+    def __post_init__(self) -> None:
+        self._parse_exit_policy()
+
+    def _parse_exit_policy(self) -> None:
+        """Text to `ExitPolicy`, once (the engines only check the parsed policy against T)."""
+        if isinstance(self.exit_policy, str):
+            self.exit_policy = ExitPolicy.parse(self.exit_policy, None, field="SamplingParams.exit_policy")
 
     @property
     def greedy(self) -> bool:
@@ -179,8 +188,11 @@ class SamplingParams:
             if not isinstance(self.thinking, ThinkingBudget):
                 bad("thinking", "must be a ThinkingBudget or None")
             self.thinking.validate(self.max_new_tokens, vocab_size)
+        self._parse_exit_policy()  # text set after the params were built
+        if self.exit_policy is not None and not isinstance(self.exit_policy, ExitPolicy):
+            bad("exit_policy", "must be an ExitPolicy, its text (final | fixed:k | threshold:q | sample) or None")
         if num_loops is not None and self.exit_policy is not None:
-            ExitPolicy.parse(self.exit_policy, num_loops, field="SamplingParams.exit_policy")
+            self.exit_policy.check(num_loops, field="SamplingParams.exit_policy")
         return self
 
 

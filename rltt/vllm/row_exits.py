@@ -38,6 +38,8 @@ def row_keys(seed: int, num_rows: int, prompt_seeds: list[int] | None = None, n:
 
 @lru_cache(maxsize=64)
 def parse_policy(spec: str, num_loops: int) -> ExitPolicy:
+    """A policy's text parsed once per ``(spec, T)``: the config's default, and what a request's
+    ``extra_args`` carry across vLLM's process boundary (text, not the `ExitPolicy`)."""
     return ExitPolicy.parse(spec, num_loops, field="SamplingParams.exit_policy")
 
 

@@ -75,7 +75,7 @@ from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.sampler import truncates
 from rltt.telemetry.schema import GIB
-from rltt.vllm.row_exits import row_keys
+from rltt.vllm.row_exits import parse_policy, row_keys
 
 #: said (a warning) once per engine when a vLLM call samples with top_p < 1 or top_k > 0
 TRUNCATION_NOTE = ("rltt: vLLM rollouts with top_p < 1 or top_k > 0 record log-probs of the untruncated tempered "
@@ -458,8 +458,8 @@ class VllmEngine(RolloutEngine):
             raise RlttError(f"SamplingParams.schedule: vLLM computes every step of every token (it writes all "
                             f"KV slots), so only 'dense' exists with rollout.engine=vllm, got "
                             f"{params.schedule!r} (deferred: use rollout.engine=native)")
-        return ExitPolicy.parse(params.exit_policy if params.exit_policy is not None else cfg.exit_policy,
-                                cfg.num_loops, field="SamplingParams.exit_policy")
+        # the params hold a parsed policy (checked against T above); the config's is parsed once per value
+        return params.exit_policy if params.exit_policy is not None else parse_policy(cfg.exit_policy, cfg.num_loops)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
