@@ -147,7 +147,9 @@ class RolloutSection:
     ``engine``: ``native`` (rltt's PyTorch engine: dense or deferred schedule, bitwise replay) or
     ``vllm`` (vLLM: paged KV cache, continuous batching; dense schedule only; ``rollout.vllm``).
     ``chunk_rows``: rows the native engine samples at once — ``auto`` (the largest multiple of
-    ``group_size`` whose KV fits the device, `rltt.planning`) or N, a multiple of ``group_size``."""
+    ``group_size`` whose KV fits the device, `rltt.planning`) or N, a multiple of ``group_size``.
+    ``cuda_graphs``: the native engine's passes padded to bucketed sizes and replayed as CUDA graphs
+    (`rltt.rollout.buckets`, docs/engine.md) — null: on with CUDA, off on CPU; true needs CUDA."""
 
     engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
@@ -163,6 +165,7 @@ class RolloutSection:
     thinking: ThinkingSection = field(default_factory=ThinkingSection)
     vllm: VllmSection = field(default_factory=VllmSection)
     chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
+    cuda_graphs: bool | None = None  # native engine: bucketed passes replayed as CUDA graphs (null: on with CUDA)
 
     def validate(self) -> None:
         if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):

@@ -189,3 +189,19 @@ def test_cuda_graphs_setting():
     assert NativeEngine(tiny_model()).buckets is None  # CPU default: today's passes
     with pytest.raises(RlttError, match="CUDA"):
         PassBuckets(tiny_model(), capture=True)
+
+
+def test_the_recipe_key_reaches_the_engine():
+    from pathlib import Path
+
+    from rltt.errors import ConfigError
+    from rltt.orchestration.engines import make_engine
+    from rltt.orchestration.train_recipe import load_train_recipe
+
+    gsm8k = Path(__file__).resolve().parents[2] / "recipes" / "gsm8k.yaml"
+    recipe = load_train_recipe(gsm8k, ["model.path=quickstart", "rollout.cuda_graphs=true"])
+    assert recipe.rollout.cuda_graphs is True
+    with pytest.raises(ConfigError, match="recipe key 'rollout.cuda_graphs': true needs a CUDA device"):
+        make_engine(recipe.rollout, tiny_model())
+    default = load_train_recipe(gsm8k, ["model.path=quickstart"])
+    assert default.rollout.cuda_graphs is None and make_engine(default.rollout, tiny_model()).buckets is None
