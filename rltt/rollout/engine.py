@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import torch
 
 from rltt.rollout.rollout_batch import RolloutBatch
 from rltt.rollout.params import SamplingParams
+from rltt.rollout.turns import ResubmitTurns, TurnSession
 
 #: trainable tensors a learner owns beside the model that it hands to the engines with the weights
 #: (the learned loop weights of ω = ``learned``, shape (T,))
@@ -39,3 +40,11 @@ class RolloutEngine(ABC):
 
     def close(self) -> None:
         """Release what the engine holds (engines running a process override this); nothing by default."""
+
+    def open_turns(self, prompts: list[list[int]], params: SamplingParams, max_tokens: int) -> Iterator[TurnSession]:
+        """The turn sessions of a multi-turn episode call (`rltt.rollout.turns`): consecutive whole
+        prompts, ``params.n`` rows each, whose episodes hold at most ``max_tokens`` completion tokens.
+        The caller finishes (and closes) each session before asking for the next, so an engine may
+        open them one at a time. By default one `ResubmitTurns` over every prompt: each later turn
+        is a new ``generate`` call on the row's whole sequence."""
+        yield ResubmitTurns(self, prompts, params)

@@ -72,6 +72,19 @@ class Scheduler:
     def finish(self, row: int) -> None:
         self.active[row] = False
 
+    def resume(self, row: int, count: int) -> None:
+        """Continue a finished row (a later turn of a multi-turn episode): ``count`` tokens were
+        appended after the token it sampled last, and its next decode token is the last of them
+        (the sampled token itself when ``count`` is 0). Like forced tokens they start pending at
+        depth 0 and are computed by the frontier rule — the sampled token's pending steps with them
+        — in the passes of that decode token; the computed entries of every earlier position stay
+        as they are."""
+        if self.active[row]:
+            raise ValueError(f"Scheduler.resume: row {row} has not finished")
+        self.cursor[row] += 1 + count
+        self.depth[row], self.sampled[row], self.skip[row] = 0, False, 0
+        self.active[row] = True
+
     def settle(self) -> list[int]:
         """Move rows whose decode token is done to their next token; returns those rows."""
         moved = []
