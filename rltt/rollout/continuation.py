@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rltt.errors import RlttError
+from rltt.rollout.buckets import attach
 from rltt.rollout.completions import completion_batch
 from rltt.rollout.native import ChunkState, check_prompts, decode_chunk, open_chunk
 from rltt.rollout.params import SamplingParams, stop_token_set
@@ -63,6 +64,7 @@ def native_turns(engine: "NativeEngine", prompts: list[list[int]], params: Sampl
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RlttError(f"open_turns: max_tokens must be an int >= 1, got {max_tokens!r}")
     policy = model.exit_policy(params.exit_policy)
+    attach(model, engine.buckets)  # the engine's passes (bucketed or not), as `NativeEngine.generate` runs them
     seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
     n = params.n
     random = RowRandom(seed, model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
