@@ -204,12 +204,18 @@ def test_overlap_trains_one_step_stale_and_resumes_exactly(ray_cluster, tmp_path
 STALE2 = ["train.steps=4", "train.eval_every=0", "checkpoint.every=1", *RAY, "orchestration.max_staleness=2"]
 
 
-def test_max_staleness_2_trains_min_n_minus_1_2_stale_and_resumes_exactly(ray_cluster, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def stale2_run(ray_cluster, tmp_path_factory):
+    """The metrics of an uninterrupted ``max_staleness: 2`` run with one rollout worker."""
+    root = tmp_path_factory.mktemp("stale2")
+    Trainer(load_train_recipe(write_recipe(root), STALE2), recipe_root=root).run()
+    return read_metrics(root / "run")
+
+
+def test_max_staleness_2_trains_min_n_minus_1_2_stale_and_resumes_exactly(stale2_run, tmp_path, monkeypatch):
     """Step n's rows are sampled at version max(0, n - 3): staleness 0, 1, 2, 2; killed after step
     1's checkpoint (steps 2 and 3 held in it), the resumed run logs what the uninterrupted one did."""
-    straight = write_recipe(tmp_path / "a")
-    Trainer(load_train_recipe(straight, STALE2), recipe_root=tmp_path / "a").run()
-    want = read_metrics(tmp_path / "a" / "run")
+    want = stale2_run
     assert [r[STALENESS] for r in want] == [r[STALENESS_MEAN] for r in want] == [0, 1, 2, 2]
     assert [OVERLAP_SAVED in r for r in want] == [True, True, False, False]  # step 1 samples 2-3, step 2 samples 4
 
@@ -228,3 +234,16 @@ def test_max_staleness_2_trains_min_n_minus_1_2_stale_and_resumes_exactly(ray_cl
     monkeypatch.setattr(Trainer, "save", save)
     Trainer(load_train_recipe(crashed, STALE2), resume=True, recipe_root=tmp_path / "b").run()
     assert_same_metrics(read_metrics(tmp_path / "b" / "run"), want, exact=True)
+
+
+def test_max_staleness_2_on_two_rollout_workers_samples_what_one_worker_does(stale2_run, tmp_path):
+    """The deterministic pipeline with each call sharded over two rollout workers: the same staleness
+    schedule and every metric of the one-worker run (up to the rounding of smaller batches)."""
+    path = write_recipe(tmp_path)
+    Trainer(load_train_recipe(path, [*STALE2, "orchestration.ray.rollout_workers=2"]), recipe_root=tmp_path).run()
+    got = read_metrics(tmp_path / "run")
+    assert [r[STALENESS] for r in got] == [r[STALENESS_MEAN] for r in got] == [0, 1, 2, 2]
+    assert [OVERLAP_SAVED in r for r in got] == [True, True, False, False]
+    assert_same_metrics(got, stale2_run)
+    actors = json.loads((tmp_path / "run" / "cluster.json").read_text())["actors"]
+    assert sorted(a["index"] for a in actors if a["role"] == "rollout") == [0, 1]
