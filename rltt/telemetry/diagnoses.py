@@ -271,6 +271,33 @@ def _span(steps: np.ndarray) -> tuple[int, int]:
     return int(steps[0]), int(steps[-1])
 
 
+@dataclass(frozen=True)
+class LateMedian:
+    """The median of one metric over its late window (`late_window`), what most checks test."""
+
+    key: str
+    median: float
+    span: tuple[int, int]  # first and last step of the late window
+    values: np.ndarray  # the whole series (its early points, its length)
+
+    @property
+    def early(self) -> float:
+        """The median of the first quarter of the points (at least MIN_POINTS, `_early`)."""
+        return float(np.median(_early(self.values)))
+
+    def evidence(self, comparison: str, threshold: float, statistic: str = "median") -> Evidence:
+        return Evidence(self.key, self.span, statistic, self.median, comparison, threshold)
+
+
+def late_median(run: RunData, key: str, min_points: int = 1) -> LateMedian | None:
+    """``key``'s late-window median, or None when the run logged fewer than ``min_points`` points of it."""
+    steps, values = run.series(key)
+    if len(values) < max(min_points, 1):
+        return None
+    window_steps, window = late_window(steps, values)
+    return LateMedian(key, float(np.median(window)), _span(window_steps), values)
+
+
 def robust_spikes(values: np.ndarray, z: float = SPIKE_Z, window: int = SPIKE_WINDOW,
                   min_history: int = SPIKE_MIN_HISTORY, rel_floor: float = SPIKE_REL_FLOOR,
                   min_jump: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -320,21 +347,11 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
         return None
     evidence = [Evidence(schema.KL_REF, _span(ws), "90th percentile", q90, "<=", KL_STUCK_MAX)]
     causes = []
-    lr_steps, lr = run.series(schema.LR)
-    if len(lr):
-        lr_s, lr_w = late_window(lr_steps, lr)
-        lr_med = float(np.median(lr_w))
-        if lr_med <= LR_LOW:
-            evidence.append(Evidence(schema.LR, _span(lr_s), "median", lr_med, "<=", LR_LOW))
-            causes.append("lr")
-    g_steps, g = run.series(schema.GRAD_NORM_TOTAL)
-    if len(g):
-        g_s, g_w = late_window(g_steps, g)
-        g_med = float(np.median(g_w))
-        if g_med <= GRAD_NORM_SMALL:
-            evidence.append(Evidence(schema.GRAD_NORM_TOTAL, _span(g_s), "median", g_med, "<=",
-                                     GRAD_NORM_SMALL))
-            causes.append("grad")
+    for cause, key, limit in (("lr", schema.LR, LR_LOW), ("grad", schema.GRAD_NORM_TOTAL, GRAD_NORM_SMALL)):
+        late = late_median(run, key)
+        if late is not None and late.median <= limit:
+            evidence.append(late.evidence("<=", limit))
+            causes.append(cause)
     if "lr" in causes:
         action = (f"raise the learning rate (recipe key learner.lr), e.g. to {_sci(LR_SUGGESTED)}: the "
                   f"quickstart at lr 1e-6 kept KL ≈ 1e-5 and did not learn; at {_sci(LR_SUGGESTED)} "
@@ -355,23 +372,15 @@ def check_policy_not_moving(run: RunData) -> Diagnosis | None:
 def check_policy_drift(run: RunData) -> Diagnosis | None:
     """KL to the reference keeps growing past ~1 nat/token: the updates are too large, and the
     policy usually falls apart (entropy and lengths up, reward down)."""
-    steps, kl = run.series(schema.KL_REF)
-    if len(kl) < MIN_POINTS * 2:
+    kl = late_median(run, schema.KL_REF, MIN_POINTS * 2)
+    if kl is None or kl.median <= KL_DRIFT_MAX:
         return None
-    ws, wk = late_window(steps, kl)
-    med = float(np.median(wk))
-    if med <= KL_DRIFT_MAX:
-        return None
-    evidence = [Evidence(schema.KL_REF, _span(ws), "median", med, ">", KL_DRIFT_MAX)]
+    evidence = [kl.evidence(">", KL_DRIFT_MAX)]
     severity = Severity.WARNING
-    r_steps, reward = run.series(schema.REWARD_MEAN)
-    if len(reward) >= MIN_POINTS * 2:
-        k = max(MIN_POINTS, len(reward) // 4)
-        early, late = float(np.median(reward[:k])), float(np.median(late_window(r_steps, reward)[1]))
-        if early - late >= REWARD_DROP_MIN:
-            evidence.append(Evidence(schema.REWARD_MEAN, _span(late_window(r_steps, reward)[0]), "median",
-                                     late, "<", early - REWARD_DROP_MIN))
-            severity = Severity.CRITICAL
+    reward = late_median(run, schema.REWARD_MEAN, MIN_POINTS * 2)
+    if reward is not None and reward.early - reward.median >= REWARD_DROP_MIN:
+        evidence.append(reward.evidence("<", reward.early - REWARD_DROP_MIN))
+        severity = Severity.CRITICAL
     return Diagnosis(
         "policy_drift", severity, "Policy is drifting too far from the reference", tuple(evidence),
         "lower the learning rate (÷3–10), or add a KL penalty (algorithm.kl_coef) / tighter clipping; "
@@ -382,23 +391,18 @@ def check_policy_drift(run: RunData) -> Diagnosis | None:
 
 def check_uniform_groups(run: RunData) -> Diagnosis | None:
     """Many groups have all-equal rewards: zero group-relative advantage, no learning signal."""
-    steps, frac = run.series(schema.GROUPS_UNIFORM_FRAC)
-    if len(frac) < MIN_POINTS:
+    uniform = late_median(run, schema.GROUPS_UNIFORM_FRAC, MIN_POINTS)
+    if uniform is None or uniform.median <= UNIFORM_GROUPS_WARN:
         return None
-    ws, wf = late_window(steps, frac)
-    med = float(np.median(wf))
-    if med <= UNIFORM_GROUPS_WARN:
-        return None
+    med = uniform.median
     severity = Severity.CRITICAL if med > UNIFORM_GROUPS_CRITICAL else Severity.WARNING
     threshold = UNIFORM_GROUPS_CRITICAL if severity is Severity.CRITICAL else UNIFORM_GROUPS_WARN
-    evidence = [Evidence(schema.GROUPS_UNIFORM_FRAC, _span(ws), "median", med, ">", threshold)]
-    s_steps, solve = run.series(schema.SOLVE_RATE)
+    evidence = [uniform.evidence(">", threshold)]
+    solve = late_median(run, schema.SOLVE_RATE)
     detail = f"{med:.0%} of the groups carry zero advantage."
-    if len(solve):
-        ss, sw = late_window(s_steps, solve)
-        solve_med = float(np.median(sw))
-        side = "too hard" if solve_med < 0.5 else "too easy"
-        detail += f" Median solve rate {solve_med:.2f}: the prompts look {side}."
+    if solve is not None:
+        side = "too hard" if solve.median < 0.5 else "too easy"
+        detail += f" Median solve rate {solve.median:.2f}: the prompts look {side}."
     return Diagnosis(
         "uniform_groups", severity, "Most groups have uniform rewards (zero advantage)",
         tuple(evidence),
@@ -463,14 +467,12 @@ def check_compute_collapse(run: RunData) -> Diagnosis | None:
     if priced is None:
         return None
     evidence: list[Evidence] = []
-    steps, entropy = run.series(schema.COMPUTE_EXIT_ENTROPY)
+    entropy = late_median(run, schema.COMPUTE_EXIT_ENTROPY, MIN_POINTS)
     loops = run.indexed(schema.EXIT_P)
-    if len(entropy) >= MIN_POINTS:
-        ws, we = late_window(steps, entropy)
-        med = float(np.median(we))
-        if med >= COMPUTE_EXIT_ENTROPY_MIN:
+    if entropy is not None:
+        if entropy.median >= COMPUTE_EXIT_ENTROPY_MIN:
             return None
-        evidence.append(Evidence(schema.COMPUTE_EXIT_ENTROPY, _span(ws), "median", med, "<", COMPUTE_EXIT_ENTROPY_MIN))
+        evidence.append(entropy.evidence("<", COMPUTE_EXIT_ENTROPY_MIN))
     elif len(loops) >= 2:  # an older run: the gate's exit distribution
         late = {t: late_window(*run.series(key)) for t, key in loops.items()}
         if min(len(v) for _, v in late.values()) < MIN_POINTS:
@@ -482,23 +484,17 @@ def check_compute_collapse(run: RunData) -> Diagnosis | None:
         evidence.append(Evidence(loops[t_max], _span(late[t_max][0]), "mean", top, ">", EXIT_COLLAPSE_P1))
     else:
         return None
-    ms, mean_exit = run.series(schema.COMPUTE_MEAN_EXIT)
-    onto = f"loop {int(round(float(np.median(late_window(ms, mean_exit)[1]))))}" if len(mean_exit) else "one loop"
-    p_steps, price = priced
-    pw_steps, pw = late_window(p_steps, price)
-    detail = (f"Under a compute price (reward/compute median {_fmt(float(np.median(pw)))} late) the tokens' exit "
+    mean_exit = late_median(run, schema.COMPUTE_MEAN_EXIT)
+    onto = f"loop {int(round(mean_exit.median))}" if mean_exit is not None else "one loop"
+    price = late_median(run, schema.REWARD_COMPUTE)  # logged: the run is priced
+    detail = (f"Under a compute price (reward/compute median {_fmt(price.median)} late) the tokens' exit "
               f"steps collapsed onto {onto}.")
     severity = Severity.WARNING
-    r_steps, reward = run.series(schema.REWARD_MEAN)
-    if len(reward) >= MIN_POINTS * 2:
-        early = float(np.median(reward[:max(MIN_POINTS, len(reward) // 4)]))
-        rs, rw = late_window(r_steps, reward)
-        late_reward = float(np.median(rw))
-        if early - late_reward >= REWARD_DROP_MIN:
-            evidence.append(Evidence(schema.REWARD_MEAN, _span(rs), "median", late_reward, "<",
-                                     early - REWARD_DROP_MIN))
-            severity = Severity.CRITICAL
-            detail += " The task reward fell with it: the price outweighs what the loops earned."
+    reward = late_median(run, schema.REWARD_MEAN, MIN_POINTS * 2)
+    if reward is not None and reward.early - reward.median >= REWARD_DROP_MIN:
+        evidence.append(reward.evidence("<", reward.early - REWARD_DROP_MIN))
+        severity = Severity.CRITICAL
+        detail += " The task reward fell with it: the price outweighs what the loops earned."
     return Diagnosis(
         "compute_exit_collapse", severity, "Exit steps collapsed onto one loop under a compute price",
         tuple(evidence),
@@ -712,26 +708,21 @@ def check_mismatch_growing(run: RunData) -> Diagnosis | None:
     mismatch grows during the run while still under the log-prob mismatch check's limits
     (docs/design.md §3.4, §5.6): the sampler drifts away from the learner."""
     evidence, severity = [], Severity.WARNING
-    steps, masked = run.series(schema.CORRECTION_MASKED_FRAC)
-    if len(masked) >= 2 * MIN_POINTS:
-        ws, wm = late_window(steps, masked)
-        late, early = float(np.median(wm)), float(np.median(_early(masked)))
-        if late > CORRECTION_MASKED_CRITICAL:
+    masked = late_median(run, schema.CORRECTION_MASKED_FRAC, 2 * MIN_POINTS)
+    if masked is not None:
+        growth = max(CORRECTION_MASKED_WARN, MASKED_GROWTH * masked.early)
+        if masked.median > CORRECTION_MASKED_CRITICAL:
             severity = Severity.CRITICAL
-            evidence.append(Evidence(schema.CORRECTION_MASKED_FRAC, _span(ws), "median", late, ">",
-                                     CORRECTION_MASKED_CRITICAL))
-        elif late > max(CORRECTION_MASKED_WARN, MASKED_GROWTH * early):
-            evidence.append(Evidence(schema.CORRECTION_MASKED_FRAC, _span(ws), "median (early median "
-                                     f"{_fmt(early)})", late, ">", max(CORRECTION_MASKED_WARN, MASKED_GROWTH * early)))
+            evidence.append(masked.evidence(">", CORRECTION_MASKED_CRITICAL))
+        elif masked.median > growth:
+            evidence.append(masked.evidence(">", growth, f"median (early median {_fmt(masked.early)})"))
     for key, limit in ((schema.MISMATCH_MAX_ABS, MISMATCH_MAX_ABS_MAX), (schema.MISMATCH_K3, MISMATCH_K3_MAX)):
-        steps, values = run.series(key)
-        if len(values) < 2 * MIN_POINTS:
+        mismatch = late_median(run, key, 2 * MIN_POINTS)
+        if mismatch is None:
             continue
-        ws, wv = late_window(steps, values)
-        late, early = float(np.median(wv)), float(np.median(_early(values)))
-        threshold = max(MISMATCH_GROWTH_FLOOR * limit, MISMATCH_GROWTH * early)
-        if late > threshold and not _mismatch_out_of_range(values, limit):  # else check_mismatch reports it
-            evidence.append(Evidence(key, _span(ws), f"median (early median {_fmt(early)})", late, ">", threshold))
+        threshold = max(MISMATCH_GROWTH_FLOOR * limit, MISMATCH_GROWTH * mismatch.early)
+        if mismatch.median > threshold and not _mismatch_out_of_range(mismatch.values, limit):  # else check_mismatch
+            evidence.append(mismatch.evidence(">", threshold, f"median (early median {_fmt(mismatch.early)})"))
     if not evidence:
         return None
     actions = []
@@ -765,16 +756,13 @@ def check_reward_errors(run: RunData) -> Diagnosis | None:
 
 def check_truncation(run: RunData) -> Diagnosis | None:
     """Many completions hit max_new_tokens."""
-    steps, frac = run.series(schema.LENGTH_TRUNC_FRAC)
-    if len(frac) < MIN_POINTS:
+    truncated = late_median(run, schema.LENGTH_TRUNC_FRAC, MIN_POINTS)
+    if truncated is None or truncated.median <= TRUNC_FRAC_MAX:
         return None
-    ws, wf = late_window(steps, frac)
-    med = float(np.median(wf))
-    if med <= TRUNC_FRAC_MAX:
-        return None
+    med = truncated.median
     return Diagnosis(
         "truncation", Severity.WARNING, "Many completions are truncated",
-        (Evidence(schema.LENGTH_TRUNC_FRAC, _span(ws), "median", med, ">", TRUNC_FRAC_MAX),),
+        (truncated.evidence(">", TRUNC_FRAC_MAX),),
         "raise max_new_tokens, or add a format/length reward; truncated completions usually "
         "score 0 and a rising truncation rate often precedes a collapse",
         detail=f"{med:.0%} of the completions end at the length limit.")
@@ -782,16 +770,12 @@ def check_truncation(run: RunData) -> Diagnosis | None:
 
 def check_tools_unused(run: RunData) -> Diagnosis | None:
     """Multi-turn episodes whose policy never calls the tool: every episode is one turn."""
-    steps, calls = run.series(schema.ENV_TOOL_CALLS_MEAN)
-    if len(calls) < MIN_POINTS:
-        return None
-    ws, wc = late_window(steps, calls)
-    med = float(np.median(wc))
-    if med > ENV_TOOL_CALLS_MIN:
+    calls = late_median(run, schema.ENV_TOOL_CALLS_MEAN, MIN_POINTS)
+    if calls is None or calls.median > ENV_TOOL_CALLS_MIN:
         return None
     return Diagnosis(
         "tools_unused", Severity.WARNING, "The policy never calls the tool",
-        (Evidence(schema.ENV_TOOL_CALLS_MEAN, _span(ws), "median", med, "<=", ENV_TOOL_CALLS_MIN),),
+        (calls.evidence("<=", ENV_TOOL_CALLS_MIN),),
         "show the call syntax in the prompt (data.system_prompt or data.prompt_template) and check that "
         "env.stop_strings matches it; a policy that never calls cannot learn from the tool",
         detail="Every episode ended at its first turn: the run trains as a single-turn one.")
@@ -813,24 +797,18 @@ def _recipe_value(run: RunData, section: str, key: str):
 
 def check_turn_limit(run: RunData) -> Diagnosis | None:
     """Most multi-turn episodes end cut by env.max_turns / env.max_tokens, not by a final answer."""
-    steps, frac = run.series(schema.ENV_TRUNCATED_FRAC)
-    if len(frac) < MIN_POINTS:
+    truncated = late_median(run, schema.ENV_TRUNCATED_FRAC, MIN_POINTS)
+    if truncated is None or truncated.median <= ENV_TRUNCATED_MAX:
         return None
-    ws, wf = late_window(steps, frac)
-    med = float(np.median(wf))
-    if med <= ENV_TRUNCATED_MAX:
-        return None
-    evidence = [Evidence(schema.ENV_TRUNCATED_FRAC, _span(ws), "median", med, ">", ENV_TRUNCATED_MAX)]
+    med = truncated.median
+    evidence = [truncated.evidence(">", ENV_TRUNCATED_MAX)]
     max_turns = _recipe_value(run, "env", "max_turns")
-    tsteps, turns = run.series(schema.ENV_TURNS_MEAN)
+    turns = late_median(run, schema.ENV_TURNS_MEAN)
     at_turns = False
-    if isinstance(max_turns, int) and len(turns):
-        tws, twt = late_window(tsteps, turns)
-        turns_med = float(np.median(twt))
-        at_turns = turns_med >= ENV_TURN_LIMIT_SHARE * max_turns
+    if isinstance(max_turns, int) and turns is not None:
+        at_turns = turns.median >= ENV_TURN_LIMIT_SHARE * max_turns
         if at_turns:
-            evidence.append(Evidence(schema.ENV_TURNS_MEAN, _span(tws), "median", turns_med, ">=",
-                                     ENV_TURN_LIMIT_SHARE * max_turns))
+            evidence.append(turns.evidence(">=", ENV_TURN_LIMIT_SHARE * max_turns))
     title = "Episodes run to the turn limit" if at_turns else "Episodes are cut by their limits"
     return Diagnosis(
         "turn_limit", Severity.WARNING, title, tuple(evidence),
@@ -844,18 +822,16 @@ def check_entropy_collapse(run: RunData) -> Diagnosis | None:
     loops = run.indexed(schema.ENTROPY_LOOP)
     if not loops:
         return None
-    key = loops[max(loops)]
-    steps, ent = run.series(key)
-    if len(ent) < 2 * MIN_POINTS:
+    entropy = late_median(run, loops[max(loops)], 2 * MIN_POINTS)
+    if entropy is None:
         return None
-    ws, we = late_window(steps, ent)
-    late = float(np.median(we))
-    early = float(np.median(ent[:MIN_POINTS]))
+    late = entropy.median
+    early = float(np.median(entropy.values[:MIN_POINTS]))  # the very first steps, not `LateMedian.early`
     if late >= ENTROPY_COLLAPSE_MIN or early < ENTROPY_COLLAPSE_DROP * max(late, 1e-12):
         return None
     return Diagnosis(
         "entropy_collapse", Severity.WARNING, "Policy entropy collapsed", (
-            Evidence(key, _span(ws), "median", late, "<", ENTROPY_COLLAPSE_MIN),
+            entropy.evidence("<", ENTROPY_COLLAPSE_MIN),
         ),
         "exploration is gone: use clip-higher (a larger ε_high), lower the learning rate, "
         "raise the sampling temperature, or add an entropy bonus",
@@ -865,16 +841,13 @@ def check_entropy_collapse(run: RunData) -> Diagnosis | None:
 def check_learner_waiting(run: RunData) -> Diagnosis | None:
     """The learner (a Ray run's learner group) ran no update for more than half of each step: it
     waits for rollouts."""
-    steps, idle = run.series(schema.ORCH_LEARNER_IDLE_FRAC)
-    if len(idle) < MIN_POINTS:
+    idle = late_median(run, schema.ORCH_LEARNER_IDLE_FRAC, MIN_POINTS)
+    if idle is None or idle.median <= LEARNER_IDLE_MAX:
         return None
-    ws, wi = late_window(steps, idle)
-    med = float(np.median(wi))
-    if med <= LEARNER_IDLE_MAX:
-        return None
+    med = idle.median
     return Diagnosis(
         "learner_waiting", Severity.WARNING, "The learner waits for rollouts most of the time",
-        (Evidence(schema.ORCH_LEARNER_IDLE_FRAC, _span(ws), "median", med, ">", LEARNER_IDLE_MAX),),
+        (idle.evidence(">", LEARNER_IDLE_MAX),),
         "sample ahead of the learner: raise orchestration.max_staleness (K steps sampled while the learner "
         "updates); for long-tail completion lengths set orchestration.partial_rollouts: true so a long row no "
         "longer holds its step back; or add rollout workers (orchestration.ray.rollout_workers)",
