@@ -55,8 +55,10 @@ def band_arms(out: Path, scale: Scale) -> dict[str, Arm]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file; none when it does not exist."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The records of a JSONL file (rltt's one JSONL reader); none when it does not exist."""
+    from rltt.data.gsm8k import read_jsonl as lines
+
+    return [record for _, _, record in lines(path)] if path.is_file() else []
 
 
 def band_results(out: Path, arms: dict[str, Arm], scale: Scale) -> dict:
