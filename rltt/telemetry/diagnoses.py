@@ -536,16 +536,8 @@ def check_grad_vanishing(run: RunData) -> Diagnosis | None:
 def grad_clip(run: RunData) -> float | None:
     """The gradient clip the run trained with, from ``RUN_DIR/recipe.resolved.yaml`` (None when the
     run was not loaded from a run directory, the file or key is missing, or clipping was off)."""
-    if not (run.path / METRICS_FILE).is_file() or not (run.path / RESOLVED_RECIPE).is_file():
-        return None
-    try:
-        import yaml
-
-        recipe = yaml.safe_load((run.path / RESOLVED_RECIPE).read_text(encoding="utf-8")) or {}
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
     for section, key in GRAD_CLIP_KEYS:
-        value = recipe.get(section, {}).get(key) if isinstance(recipe.get(section), dict) else None
+        value = _recipe_value(run, section, key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value) if value > 0 else None
     return None
