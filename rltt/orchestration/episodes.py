@@ -1,12 +1,15 @@
 """Multi-turn episodes around any rollout engine: model turns, environment answers, one batch.
 
-`run_episodes` samples every row's first turn with one `RolloutEngine.generate` call (the
-prompts, ``n`` rows each, as a single-turn step would), hands each turn's text to the
-environment (`rltt.environments.Environment.step`) and, where it answers, appends the answer's
-tokens to the row and samples the row's next turn on *prompt + history* — the rows still going
-in one call per turn, each its own prompt with ``n = 1``. The engine recomputes the history as
-prompt positions at every turn (vLLM's prefix cache reuses the KV it has; the native engine
-re-prefills the history: docs/environments.md).
+`run_episodes` samples through the engine's turn sessions (`RolloutEngine.open_turns`,
+`rltt.rollout.turns`): every row's first turn in one call per session (the prompts, ``n`` rows
+each, as a single-turn step would), then it hands each turn's text to the environment
+(`rltt.environments.Environment.step`) and, where it answers, appends the answer's tokens to the
+row and samples the row's next turn after *prompt + history* — the rows still going in one call
+per turn, each with its own seed and budget. How a row goes on is the engine's: any engine by
+default re-submits prompt + history as a new prompt (vLLM's prefix cache reuses the KV it has);
+the native engine keeps each row's KV cache and decode state between turns and prefills only the
+answer's tokens (`rltt.rollout.continuation`), and the episode batch then carries the pass record
+of every turn (docs/environments.md).
 
 The episode is one `RolloutBatch` row: the completion is the model's turns and the
 environment's answers in order, ``env_mask`` marking the environment's tokens. A model token
@@ -30,9 +33,9 @@ draws from `turn_seed` (its prompt's seed, its sample index, k) — with one ``s
 instead, (that seed, r, k) — so a row's episode depends on neither its batch-mates nor on when the
 others end.
 
-`replay_episode` re-executes every turn's recorded passes (native engine) and lays the
-log-probs out as the episode's: at the rollout's weights it equals the episode's record bit
-for bit.
+`replay_episode` re-executes the episode batch's pass record (continued rows) or every turn's
+recorded passes (re-submitted native turns) and lays the log-probs out as the episode's: at the
+rollout's weights it equals the episode's record bit for bit.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ import torch
 from rltt.environments import Environment
 from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
-from rltt.rollout.rollout_batch import RolloutStats, Schedule
+from rltt.rollout.rollout_batch import RolloutStats, Schedule, join_schedules
+from rltt.rollout.turns import TurnSession
 
 __all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode", "turn_seed"]
 
@@ -156,25 +160,61 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
     base = replace(params, stop_strings=stops, decoder=params.decoder or decode,
                    max_new_tokens=min(params.max_new_tokens, max_tokens))
     n = params.n
-    first = engine.generate(prompts, base)
+    episodes = [_Episode() for _ in range(len(prompts) * n)]
+    records: list[TurnRecord] = []
+    calls: list[tuple[RolloutBatch, list[int]]] = []  # each engine call and its episode rows
+    parts: list[tuple[Schedule | None, int]] = []  # each turn session's pass record and rows
+    # the engine's turn sessions (`RolloutEngine.open_turns`): re-submitted prompts or continued rows
+    for session in engine.open_turns(list(prompts), base, max_tokens):
+        with session:
+            _session_episodes(session, list(prompts), base, env, tasks, encode, decode, max_turns, max_tokens,
+                              episodes, records, calls)
+            parts.append((session.record(), session.end_row - session.first_row))
+    first = calls[0][0]
+    schedules = [record for record, _ in parts]
+    schedule = join_schedules(schedules, [k for _, k in parts]) if None not in schedules else None
+    rollout = _episode_rollout(first, calls, episodes, replace(first.params, max_new_tokens=max_tokens),
+                               list(prompts), schedule)
+    return EpisodeBatch(
+        rollout=rollout, answers=[env.answer(ep.turns) for ep in episodes],
+        turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
+        tool_calls=torch.tensor([ep.tool_calls for ep in episodes], dtype=torch.long),
+        tool_errors=torch.tensor([ep.tool_errors for ep in episodes], dtype=torch.long),
+        truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+        errors={r: ep.error for r, ep in enumerate(episodes) if ep.error is not None},
+        turns_record=records if keep_turns else None)
+
+
+def _session_episodes(session: TurnSession, prompts: list[list[int]], base: SamplingParams, env: Environment,
+                      tasks: Sequence[Any], encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str],
+                      max_turns: int, max_tokens: int, all_episodes: list[_Episode], records: list[TurnRecord],
+                      calls: list[tuple[RolloutBatch, list[int]]]) -> None:
+    """The episodes of one turn session (rows ``session.first_row ..`` of the call), turn by turn:
+    their `_Episode`s filled in ``all_episodes``, their engine calls appended to ``records`` and
+    ``calls`` (episode rows of the whole call)."""
+    n = base.n
+    offset, first_prompt = session.first_row, session.first_prompt
+    prompts = prompts[first_prompt: session.end_prompt]
+    tasks = tasks[first_prompt: session.end_prompt]
+    first = session.first()
     T = first.num_loops
     R = first.num_rows
     # row r's (seed, index) its later turns draw from: its prompt's seed and sample index, or with
     # one seed for the call that seed and the row's index in it (as the engine keys turn 1's draws)
     per_prompt = first.params.prompt_seeds is not None
-    keys = [(first.params.prompt_seeds[r // n], r % n) if per_prompt else (first.params.seed, r) for r in range(R)]
-    episodes = [_Episode() for _ in range(R)]
+    keys = [(first.params.prompt_seeds[(offset + r) // n], r % n) if per_prompt else (first.params.seed, offset + r)
+            for r in range(R)]
+    episodes = all_episodes[offset: offset + R]
     states: list[Any] = [None] * R
     for r in range(R):
         try:
             states[r] = env.start(tasks[r // n])
         except Exception as exc:  # noqa: BLE001 - the episode fails before its first turn is read
             episodes[r].error = f"{type(exc).__name__}: {exc}"[:500]
-    records: list[TurnRecord] = []
-    calls: list[tuple[RolloutBatch, list[int]]] = [(first, list(range(R)))]  # each call and its episode rows
+    calls.append((first, list(range(offset, offset + R))))
     batch, rows = first, list(range(R))
     for turn in range(1, max_turns + 1):
-        record = TurnRecord(batch, list(rows), [len(episodes[r].ids) for r in rows], [])
+        record = TurnRecord(batch, [offset + r for r in rows], [len(episodes[r].ids) for r in rows], [])
         going = []
         for i, r in enumerate(rows):
             ep = episodes[r]
@@ -204,28 +244,23 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
             ep.add_env(answer, T)
             going.append(r)
         records.append(record)
+        session.release([r for r in rows if r not in going])  # their episodes ended
         if not going:
             break
-        cap = min(params.max_new_tokens, max(max_tokens - len(episodes[r].ids) for r in going))
-        call = replace(base, n=1, seed=None, max_new_tokens=cap,
+        # each row's budget left; one call samples up to the longest (an engine that re-submits drops
+        # a row's tokens past its own budget above, one that continues rows stops each at its own)
+        caps = [min(base.max_new_tokens, max_tokens - len(episodes[r].ids)) for r in going]
+        call = replace(base, n=1, seed=None, max_new_tokens=max(caps),
                        prompt_seeds=[turn_seed(*keys[r], turn + 1) for r in going])
-        batch, rows = engine.generate([list(prompts[r // n]) + episodes[r].ids for r in going], call), going
-        calls.append((batch, rows))
-    rollout = _episode_rollout(first, calls, episodes, replace(first.params, max_new_tokens=max_tokens),
-                               list(prompts))
-    return EpisodeBatch(
-        rollout=rollout, answers=[env.answer(ep.turns) for ep in episodes],
-        turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
-        tool_calls=torch.tensor([ep.tool_calls for ep in episodes], dtype=torch.long),
-        tool_errors=torch.tensor([ep.tool_errors for ep in episodes], dtype=torch.long),
-        truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
-        errors={r: ep.error for r, ep in enumerate(episodes) if ep.error is not None},
-        turns_record=records if keep_turns else None)
+        batch = session.next(going, [list(prompts[r // n]) + episodes[r].ids for r in going], caps, call)
+        rows = going
+        calls.append((batch, [offset + r for r in rows]))
 
 
 def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[int]]], episodes: list[_Episode],
-                     params: SamplingParams, prompts: list[list[int]]) -> RolloutBatch:
-    """The episodes as one `RolloutBatch` (completion = every turn and answer in order)."""
+                     params: SamplingParams, prompts: list[list[int]], schedule: Schedule | None) -> RolloutBatch:
+    """The episodes as one `RolloutBatch` (completion = every turn and answer in order); ``schedule``:
+    the pass record of every turn when the engine kept one (continued rows), else none (not replayable)."""
     R, T = len(episodes), first.num_loops
     width = max(1, max(len(ep.ids) for ep in episodes))
     ids = torch.full((R, width), first.pad_id, dtype=torch.long)
@@ -261,12 +296,14 @@ def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[i
                          entries_computed=sum(s.entries_computed for s in done),
                          entries_pending=sum(s.entries_pending for s in done),
                          tokens=sum(s.tokens for s in done), wall_time=sum(s.wall_time for s in done))
+    n = params.n
     return RolloutBatch(
-        prompts=prompts, prompt_index=first.prompt_index.clone(), prompt_lengths=first.prompt_lengths.clone(),
+        prompts=prompts, prompt_index=torch.arange(R, dtype=torch.long) // n,
+        prompt_lengths=torch.tensor([len(prompts[r // n]) for r in range(R)], dtype=torch.long),
         completion_ids=ids, completion_lengths=lengths, completion_mask=torch.arange(width)[None, :] < lengths[:, None],
         exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
         finish_reasons=["length" if ep.truncated else "stop" for ep in episodes],
-        schedule=Schedule(first.schedule.kind, [], replayable=False), params=params, stats=stats,
+        schedule=schedule or Schedule(first.schedule.kind, [], replayable=False), params=params, stats=stats,
         num_loops=T, dtype=first.dtype, pad_id=first.pad_id, forced_mask=forced, kept_floor=floors,
         exit_logprobs=exit_lp, env_mask=env)
 
@@ -274,7 +311,14 @@ def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[i
 def replay_episode(model, episodes: EpisodeBatch) -> ReplayLogprobs:
     """Every turn's recorded passes re-executed (`replay_logprobs`, native rollouts) and laid out as
     the episode's: raw, tempered and exit log-probs on the model's tokens, 0 on the environment's
-    and on padding. Needs the turns kept (``run_episodes(..., keep_turns=True)``)."""
+    and on padding. Continued rows (the episode batch carries its turns' record): the episode batch
+    replayed as it is; re-submitted turns: each turn's own batch, which needs the turns kept
+    (``run_episodes(..., keep_turns=True)``)."""
+    if episodes.rollout.schedule.replayable:
+        replayed = replay_logprobs(model, episodes.rollout)
+        model_tokens = episodes.rollout.action_mask
+        return ReplayLogprobs(*(t.masked_fill(~model_tokens, 0.0) for t in
+                                (replayed.logprobs, replayed.tempered_logprobs, replayed.exit_logprobs)))
     if episodes.turns_record is None:
         raise ValueError("replay_episode: the episodes were run without keep_turns=True")
     shape = episodes.rollout.logprobs.shape
