@@ -36,6 +36,7 @@ address changed (``load_state_dict(assign=True)``, ``.to()``).
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -104,11 +105,13 @@ class _Bucket:
 
 class PassBuckets:
     """The bucketed passes of one model on its device (shared by every executor of that model:
-    rollouts and replays). ``capture``: CUDA graphs (CUDA only); else the same pieces run eagerly."""
+    rollouts and replays). ``capture``: CUDA graphs (CUDA only); else the same pieces run eagerly.
+    ``graphs``: the capture backend (default `CudaGraphs`; tests pass a CPU emulation of its
+    semantics, tests/rollout/graph_emulator.py)."""
 
-    def __init__(self, model, capture: bool, table: tuple[int, ...] = BUCKETS):
+    def __init__(self, model, capture: bool, table: tuple[int, ...] = BUCKETS, graphs=None):
         param = model.lm_head.weight
-        if capture and param.device.type != "cuda":
+        if capture and graphs is None and param.device.type != "cuda":
             raise RlttError("PassBuckets: CUDA graphs need the model on a CUDA device")
         cfg = model.config
         self.inner = model.model
@@ -120,8 +123,7 @@ class PassBuckets:
         self.stepwise = any(getattr(m, "lora_rank", 0) for m in model.modules())
         self.buckets: dict[int, _Bucket] = {}
         self.signature: tuple | None = None
-        self.pool = None
-        self.stream = None
+        self.graphs = graphs if graphs is not None else (CudaGraphs(self.device) if capture else None)
         self.replays = 0  # passes served by replaying captured graphs
         self.eager = 0  # bucketed passes run eagerly (CPU, or a capture's first pass)
 
@@ -212,11 +214,9 @@ class PassBuckets:
         """Capture the bucket's pieces: a warm-up run (attention skipped: nothing is written), then the
         pass with a hook that ends a piece at each attention call, copying its q/k/v into the bucket's
         buffers inside the piece, and starts the next one reading ``attn_out``."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-            self.stream = torch.cuda.Stream(device=self.device)
+        graphs = self.graphs
         pieces = []
-        graph = torch.cuda.CUDAGraph()
+        graph = graphs.graph()
 
         def skip(q, k, v, layer):
             return b.attn_out
@@ -226,22 +226,50 @@ class PassBuckets:
             b.q.copy_(q)
             b.k.copy_(k)
             b.v.copy_(v)
-            graph.capture_end()
+            graphs.end(graph)
             pieces.append(graph)
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=self.pool)
+            graph = graphs.graph()
+            graphs.begin(graph)
             return b.attn_out
 
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        with graphs.capturing():
             self._forward(b, step_arg, skip)  # warm-up: kernels and library handles made outside capture
-            self.stream.synchronize()
-            graph.capture_begin(pool=self.pool)
+            graphs.warmed()
+            graphs.begin(graph)
             h, carry = self._forward(b, step_arg, cut)
-            graph.capture_end()
+            graphs.end(graph)
             pieces.append(graph)
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
         return _Captured(pieces, h, carry)
+
+
+class CudaGraphs:
+    """`torch.cuda.CUDAGraph` capture: every piece in one shared memory pool, captured on a side
+    stream (as `torch.cuda.graph` does), replayed on the current stream."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)
+
+    def graph(self):
+        return torch.cuda.CUDAGraph()
+
+    def begin(self, graph) -> None:
+        graph.capture_begin(pool=self.pool)
+
+    def end(self, graph) -> None:
+        graph.capture_end()
+
+    def warmed(self) -> None:
+        self.stream.synchronize()
+
+    @contextmanager
+    def capturing(self):
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            yield
+        current.wait_stream(self.stream)
 
 
 _ATTACHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -205,3 +205,100 @@ def test_the_recipe_key_reaches_the_engine():
         make_engine(recipe.rollout, tiny_model())
     default = load_train_recipe(gsm8k, ["model.path=quickstart"])
     assert default.rollout.cuda_graphs is None and make_engine(default.rollout, tiny_model()).buckets is None
+
+
+# -- the capture path, on CPU: CUDA-graph semantics emulated (tests/rollout/graph_emulator.py) --------
+def _captured_engine(model, **kwargs):
+    from .graph_emulator import EmulatedGraphs
+
+    engine = NativeEngine(model, **kwargs)
+    engine.buckets = PassBuckets(model, capture=True, graphs=EmulatedGraphs())
+    return engine
+
+
+def test_the_emulator_replays_captured_addresses():
+    from .graph_emulator import EmulatedGraphs
+
+    graphs, x = EmulatedGraphs(), torch.arange(4.0)
+    outside = torch.ones(4)
+    graph = graphs.graph()
+    graphs.begin(graph)
+    y = x * 2 + outside
+    graphs.end(graph)
+    x.copy_(torch.full((4,), 10.0))
+    graph.replay()
+    assert torch.equal(y, torch.full((4,), 21.0))  # the static input's new values
+    stale = outside
+    outside = torch.zeros(4)  # a new tensor in the Python name: the graph still reads the captured one
+    graph.replay()
+    assert torch.equal(y, 20.0 + stale)
+
+
+@pytest.mark.parametrize("dtype,schedule,policy", [(torch.float32, "dense", "sample"),
+                                                   (torch.bfloat16, "deferred", "threshold:0.6"),
+                                                   (torch.float32, "deferred", "fixed:2")])
+def test_captured_passes_replay_bit_for_bit(dtype, schedule, policy):
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=6, n=3, seed=5, exit_policy=policy,
+                            schedule=schedule)
+    want = NativeEngine(model).generate(prompts([3, 6, 2], seed=2), params)
+    engine = _captured_engine(model)
+    got = engine.generate(prompts([3, 6, 2], seed=2), params)
+    assert _equal(_fields(got), _fields(want))
+    captured = sum(len(b.graphs) for b in engine.buckets.buckets.values())
+    assert engine.buckets.replays > captured > 0 and engine.buckets.eager == 0  # replays, not eager passes
+    pieces = next(iter(next(iter(engine.buckets.buckets.values())).graphs.values())).pieces
+    assert len(pieces) == model.config.num_hidden_layers + 1  # cut at each attention call
+    replayed = replay_logprobs(model, got)
+    assert torch.equal(replayed.logprobs, got.logprobs) and torch.equal(replayed.exit_logprobs, got.exit_logprobs)
+
+
+@pytest.mark.parametrize("overrides", [dict(lora_rank=2), dict(injection="scalar")])
+def test_each_step_kind_has_its_graph(overrides, monkeypatch):
+    """The first step (z = e), later uniform steps (one graph for all, or one per step with a step-wise
+    LoRA) and depth-mixed steps capture different pieces: one graph for every kind would be wrong."""
+    model = tiny_model(**overrides)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=7, exit_policy="sample", schedule="deferred")
+    want = NativeEngine(model).generate(prompts([3, 5], seed=2), params)
+    engine = _captured_engine(model)
+    assert _equal(_fields(engine.generate(prompts([3, 5], seed=2), params)), _fields(want))
+    kinds = set().union(*(b.graphs for b in engine.buckets.buckets.values()))
+    if "lora_rank" in overrides:  # a graph per uniform step
+        assert {1, -1} < kinds and 0 not in kinds
+    else:
+        assert kinds == {1, 0, -1}
+    monkeypatch.setattr(PassBuckets, "step", _one_kind(PassBuckets.step))
+    wrong = _captured_engine(model).generate(prompts([3, 5], seed=2), params)
+    assert not torch.equal(wrong.logprobs, want.logprobs)
+
+
+def _one_kind(step):
+    def patched(self, size, embeds, carry, step_value, cos, sin, attend):
+        b = self.bucket(size)
+        if b.graphs:  # every pass replays the first graph this bucket captured
+            b.graphs = {k: next(iter(b.graphs.values())) for k in (1, 0, -1, *range(2, 9))}
+        return step(self, size, embeds, carry, step_value, cos, sin, attend)
+    return patched
+
+
+def test_captured_passes_follow_weight_changes():
+    """Graphs read the parameters by address: an in-place update (an optimizer step, `load_weights`)
+    is seen, the fused q/k/v copies refreshed before the passes; new parameter tensors drop the graphs."""
+    model = tiny_model()
+    # final exits, no stop: the same passes whatever the weights, so the second call captures nothing new
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, n=3, seed=2, exit_policy="final", schedule="dense",
+                            ignore_eos=True)
+    engine = _captured_engine(model)
+    engine.generate(prompts([4, 2]), params)
+    made = len(engine.buckets.graphs.made)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)
+    assert _equal(_fields(engine.generate(prompts([4, 2]), params)),
+                  _fields(NativeEngine(model).generate(prompts([4, 2]), params)))
+    assert len(engine.buckets.graphs.made) == made  # replayed the first call's graphs: nothing recaptured
+    graphs = {id(g) for b in engine.buckets.buckets.values() for g in b.graphs.values()}
+    model.load_state_dict({k: v * 0.9 for k, v in model.state_dict().items()}, assign=True)
+    got = engine.generate(prompts([4, 2]), params)
+    assert not graphs & {id(g) for b in engine.buckets.buckets.values() for g in b.graphs.values()}
+    assert _equal(_fields(got), _fields(NativeEngine(model).generate(prompts([4, 2]), params)))

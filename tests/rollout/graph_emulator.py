@@ -1,0 +1,78 @@
+"""A CPU emulation of CUDA-graph capture semantics, to test `rltt.rollout.buckets`' capture path
+without a GPU.
+
+`RecordedGraph` records every aten operator dispatched between ``begin`` and ``end`` (a
+`TorchDispatchMode`) with the very tensors it read and wrote; ``replay`` calls the operators again
+on those tensors and copies each fresh result into the tensor the capture produced — what a CUDA
+graph does: the same kernels on the same addresses, no Python, no shape or value checks. So a
+captured piece that read a value computed outside the graph's static buffers (a tensor made per
+pass, a Python number baked in at capture) replays the stale capture-time value here as on a GPU.
+The caching allocator's pool is not modelled.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, ops: list):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+def _storages(tree) -> set:
+    return {t.untyped_storage().data_ptr() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)}
+
+
+class RecordedGraph:
+    def __init__(self):
+        self.ops: list = []
+        self.mode: _Recorder | None = None
+        self.replays = 0
+
+    def replay(self) -> None:
+        for func, args, kwargs, out in self.ops:
+            fresh = func(*args, **kwargs)
+            inputs = _storages((args, kwargs))
+            for old, new in zip(tree_flatten(out)[0], tree_flatten(fresh)[0]):
+                # views and in-place results alias an input: already where the capture left them
+                if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() not in inputs:
+                    old.copy_(new)
+        self.replays += 1
+
+
+class EmulatedGraphs:
+    """The `rltt.rollout.buckets.CudaGraphs` interface over `RecordedGraph`."""
+
+    def __init__(self):
+        self.made: list[RecordedGraph] = []
+
+    def graph(self) -> RecordedGraph:
+        graph = RecordedGraph()
+        self.made.append(graph)
+        return graph
+
+    def begin(self, graph: RecordedGraph) -> None:
+        graph.mode = _Recorder(graph.ops)
+        graph.mode.__enter__()
+
+    def end(self, graph: RecordedGraph) -> None:
+        graph.mode.__exit__(None, None, None)
+        graph.mode = None
+
+    def warmed(self) -> None:
+        pass
+
+    def capturing(self):
+        return nullcontext()
