@@ -4,16 +4,18 @@ With partial rollouts the Ray driver (`rltt.orchestration.ray.partial_step.Parti
 steps and across them, up to K · P groups (K = ``orchestration.max_staleness``, P =
 ``rollout.prompts_per_step``) admitted and not yet trained: in flight (generated segment by segment)
 or complete. Each of their G = ``group_size`` rows (`rltt.orchestration.ray.partial_rows.Row`) keeps
-per completion token its id, exit step, three log-probs (sampled, tempered, exit), kept-set floor
-and weights version, and one gate per loop; a row has at most ``rollout.max_new_tokens`` tokens.
+per completion token its id, exit step, three log-probs (sampled, tempered, exit), kept-set floor,
+weights version and forced flag, and one gate per loop; a row has at most W tokens, the completion
+width (`rltt.planning.run_settings.completion_width`: ``rollout.max_new_tokens``, or a thinking
+budget's forced completion when longer).
 The buffer is host memory of the driver, written into every checkpoint (``rl_state.pt``)::
 
-    partial_buffer = K · P · G · max_new_tokens · per_token
+    partial_buffer = K · P · G · W · per_token
     per_token      = 8 (id) + 8 (exit step) + 4 · 3 (log-prob, tempered, exit log-prob)
-                     + 8 (kept-set floor) + 8 (version) + 4 · T (gates, fp32, one per loop)
-                   = 44 + 4 · T
+                     + 8 (kept-set floor) + 8 (version) + 1 (forced) + 4 · T (gates, fp32, one per loop)
+                   = 45 + 4 · T
 
-The bound is reached when every held row runs to ``max_new_tokens``. Groups dropped as stale keep no
+The bound is reached when every held row runs to W tokens. Groups dropped as stale keep no
 rows (only their prompt, for the count). Not counted: each group's prompt (a Python list in its
 task) and a segment call's batch while it is stitched into the rows (transient: the rows of one
 segment, at most ``partial_segment_tokens`` tokens each). Measured: tests/planning/test_partial_buffer.py
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rltt.planning.run_settings import completion_width
+
 #: bytes per completion token of a buffered row, by tensor (`partial_rows.TOKEN_FIELDS`)
 TOKEN = {"completion_ids": 8, "exit_steps": 8, "logprobs": 4, "tempered_logprobs": 4, "exit_logprobs": 4,
-         "kept_floor": 8, "versions": 8}
+         "kept_floor": 8, "versions": 8, "forced_mask": 1}
 GATE = 4  # fp32, per loop
 
 
@@ -36,13 +40,13 @@ class PartialBuffer:
 
     groups: int  # K · P: groups held at most
     group_size: int  # G
-    tokens: int  # max_new_tokens: a row's most tokens
+    tokens: int  # W: a row's most tokens
     loops: int  # T: gates per token
 
     @classmethod
     def from_recipe(cls, recipe, loops: int) -> "PartialBuffer":
         o, r = recipe.orchestration, recipe.rollout
-        return cls(groups=o.staleness * r.prompts_per_step, group_size=r.group_size, tokens=r.max_new_tokens,
+        return cls(groups=o.staleness * r.prompts_per_step, group_size=r.group_size, tokens=completion_width(r),
                    loops=loops)
 
     @property

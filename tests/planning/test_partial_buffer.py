@@ -1,5 +1,6 @@
 """The plan's host-memory line for a partial rollout's buffer (``orchestration.partial_rollouts``):
-`PartialBuffer` counts K · P groups of G rows of ``max_new_tokens`` tokens at 44 + 4·T bytes a token;
+`PartialBuffer` counts K · P groups of G rows of W tokens (``max_new_tokens``, or a thinking budget's
+forced completion when longer) at 45 + 4·T bytes a token;
 a real `PartialStep` buffer whose rows all run to ``max_new_tokens`` holds exactly that many bytes
 (its checkpoint state's tensors), groups dropped as stale keep no rows, and `rltt plan` shows the line
 for a recipe with partial rollouts (and the K-deep pipeline's ``held_ahead`` line without)."""
@@ -29,7 +30,7 @@ def _runner():
 
 def test_a_full_buffer_holds_the_planned_bytes():
     """Every prompt starts with LONG: no row stops before max_new_tokens, so the K · P groups held
-    reach the bound."""
+    reach the bound (rows with forced tokens: tests/orchestration/ray/test_partial_rollouts.py)."""
     K, max_new = 3, 10
     r = recipe(K, 6, max_new=max_new)
     stream = PromptStream(r.data.source, lambda text: [LONG] + [10 + ord(c) % 40 for c in text[:6]], lambda q: q,
@@ -42,7 +43,7 @@ def test_a_full_buffer_holds_the_planned_bytes():
     plan = PartialBuffer.from_recipe(r, LOOPS)
     assert len(step.done) == plan.groups == K * r.rollout.prompts_per_step
     assert all(len(row) == max_new for g in step.done for row in g.rows)
-    assert plan.per_token == token_bytes(LOOPS) == 44 + 4 * LOOPS
+    assert plan.per_token == token_bytes(LOOPS) == 45 + 4 * LOOPS
     assert tensor_bytes(step.state_dict()) == sum(row.nbytes() for g in step.done for row in g.rows) == plan.bytes
 
 
@@ -70,9 +71,13 @@ def test_the_plan_shows_the_partial_buffer_for_a_partial_rollout_recipe(tmp_path
     r = recipe(2, 4, max_new=48)
     plan = plan_run(r, TINY_LOOPED, 16 * 2**30, device="cpu")
     loops = TINY_LOOPED["num_loops"]
-    want = 2 * 2 * 2 * 48 * (44 + 4 * loops)  # K · P · G · max_new_tokens · per token
+    want = 2 * 2 * 2 * 48 * (45 + 4 * loops)  # K · P · G · max_new_tokens · per token
     assert plan.host == {"partial_buffer": want} == {"partial_buffer": PartialBuffer.from_recipe(r, loops).bytes}
     assert "partial rollouts in progress" in format_plan(plan) and plan.to_json()["host"] == plan.host
+    thinking = r.rollout.thinking  # a forced completion longer than max_new_tokens is the rows' width
+    thinking.budget, thinking.answer_budget = 40, 30
+    assert PartialBuffer.from_recipe(r, loops).tokens == 40 + len(thinking.interruption.encode()) + 30 > 48
+    thinking.budget = 0
     r.orchestration.partial_rollouts = False  # the K-deep pipeline holds steps of rows instead
     assert set(plan_run(r, TINY_LOOPED, 16 * 2**30, device="cpu").host) == {"held_ahead"}
 

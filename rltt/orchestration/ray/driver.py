@@ -18,6 +18,7 @@ the pool and the learner group and shuts down the local cluster it started (`Run
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -76,9 +77,20 @@ def build_ray_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, ranks:
         disconnect(started)
         raise
     o = r.orchestration
-    step = partial(STEPS[o.partial_rollouts], max_staleness=o.staleness, last_step=r.train.steps,
-                   **({"segment_tokens": o.partial_segment_tokens} if o.partial_rollouts else {}))
+    extra = {"segment_tokens": o.partial_segment_tokens,
+             "max_positions": model_positions(r, model_path)} if o.partial_rollouts else {}
+    step = partial(STEPS[o.partial_rollouts], max_staleness=o.staleness, last_step=r.train.steps, **extra)
     return RunParts(tokenizer, engine, learner, step=step, release=partial(disconnect, started))
+
+
+def model_positions(recipe: TrainRecipe, model_path: Path) -> int | None:
+    """The model's positions, from its config.json (the driver loads no model); None without one."""
+    from rltt.planning.shapes import model_shape
+
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return None
+    return model_shape(json.loads(path.read_text()), recipe.model.convert).max_positions
 
 
 RAY = Orchestration(ranks=ray_ranks, build=build_ray_parts,

@@ -123,11 +123,10 @@ def check_recipe(recipe) -> None:
 
 
 def partial_excludes(recipe) -> list[tuple[str, bool, str]]:
-    """What a partial rollout cannot do yet: (recipe key, whether the recipe sets it, why)."""
+    """What a partial rollout cannot do yet: (recipe key, whether the recipe sets it, why). A thinking
+    budget it can: a row's tokens are counted across its segments (`partial_rows.Row.extend`)."""
     r = recipe
     return [
-        ("rollout.thinking", r.rollout.thinking.budget > 0,
-         "a thinking budget counts tokens within one generate call; a row's segments are separate calls"),
         ("algorithm.dynamic_sampling", r.algorithm.dynamic_sampling,
          "groups are taken as they complete; refills are per-step rollouts"),
         ("algorithm.kl_in=reward", r.algorithm.kl_in == "reward" and r.algorithm.kl_coef > 0,

@@ -10,8 +10,14 @@ those of the call that sampled it — the behaviour policy of that token, exactl
 records the weights version of each token.
 
 A row ends when the engine stops it (a stop token, or a stop string — also one spanning two
-segments, found here), at ``max_new_tokens`` in all, or when the model's positions run out (the
-engine returns fewer tokens than asked with finish reason ``length``).
+segments, found here), at its cap (``max_new_tokens`` in all), or when the model's positions run out
+(the engine returns fewer tokens than asked with finish reason ``length``).
+
+A thinking budget (`ThinkingBudget`) counts the row's tokens across its segments: a row's segments
+are cut so that one ends at ``budget`` tokens; there the forced-answer rule of every engine
+(`ThinkingBudget.at_budget`) applies — the interruption appended as forced tokens (not sampled:
+``forced_mask``, exit step 0, log-probs 0, no gates), then up to ``answer_budget`` more sampled
+tokens in the following segments — or, thinking closed in time, on to ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ import torch
 from rltt.orchestration.prompt_stream import Task
 from rltt.orchestration.step import rollout_seed
 from rltt.rollout import RolloutBatch, RolloutStats, SamplingParams
+from rltt.rollout.params import ThinkingBudget
 from rltt.rollout.rollout_batch import Schedule
 
 #: (name, dtype) of a row's per-token tensors, as `RolloutBatch` holds them.
 TOKEN_FIELDS = (("completion_ids", torch.long), ("exit_steps", torch.long), ("logprobs", torch.float32),
                 ("tempered_logprobs", torch.float32), ("exit_logprobs", torch.float32),
-                ("kept_floor", torch.long), ("versions", torch.long))
+                ("kept_floor", torch.long), ("versions", torch.long), ("forced_mask", torch.bool))
 PAD = {"completion_ids": None, "exit_steps": 0, "logprobs": 0.0, "tempered_logprobs": 0.0, "exit_logprobs": 0.0,
-       "kept_floor": -1, "versions": -1}
+       "kept_floor": -1, "versions": -1, "forced_mask": False}
 
 
 def token_bytes(loops: int) -> int:
@@ -47,13 +54,15 @@ def segment_seed(seed: int, sample: int, segment: int) -> int:
 @dataclass
 class Row:
     """One completion so far: per-token tensors (`TOKEN_FIELDS`), the gates (T, L), the serial
-    passes it took, its finish reason (None while generating) and the segments it ran."""
+    passes it took, its finish reason (None while generating), the segments it ran and its cap once
+    a thinking budget's rule has set it (None: the budget, or ``max_new_tokens`` without one)."""
 
     tokens: dict[str, torch.Tensor]
     gates: torch.Tensor
     passes: float = 0.0
     finish: str | None = None
     segments: int = 0
+    cap: int | None = None
 
     @classmethod
     def empty(cls, loops: int) -> "Row":
@@ -67,9 +76,18 @@ class Row:
     def ids(self) -> list[int]:
         return self.tokens["completion_ids"].tolist()
 
-    def extend(self, batch: RolloutBatch, r: int, version: int, asked: int, params: SamplingParams) -> None:
+    def limit(self, params: SamplingParams, thinking: ThinkingBudget | None = None) -> int:
+        """The completion length the row samples to now."""
+        if self.cap is not None:
+            return self.cap
+        return params.max_new_tokens if thinking is None else thinking.budget
+
+    def extend(self, batch: RolloutBatch, r: int, version: int, asked: int, params: SamplingParams,
+               thinking: ThinkingBudget | None = None, positions: int | None = None) -> None:
         """Append row ``r`` of a segment's ``batch`` (sampled at ``version``, ``asked`` tokens at most)
-        and decide whether the row has finished (``params``: the run's sampling settings)."""
+        and decide whether the row has finished (``params``: the run's sampling settings, without a
+        thinking budget; ``thinking``: the run's budget; ``positions``: the completion positions the
+        model has after the row's prompt, None for unbounded)."""
         n = int(batch.completion_lengths[r])
         had = len(self)
         reason = batch.finish_reasons[r]
@@ -82,7 +100,8 @@ class Row:
         piece = {"completion_ids": batch.completion_ids[r, :n], "exit_steps": batch.exit_steps[r, :n],
                  "logprobs": batch.logprobs[r, :n], "tempered_logprobs": batch.tempered_logprobs[r, :n],
                  "exit_logprobs": batch.exit_logprobs[r, :n], "kept_floor": batch.kept_floor[r, :n],
-                 "versions": torch.full((n,), version, dtype=torch.long)}
+                 "versions": torch.full((n,), version, dtype=torch.long),
+                 "forced_mask": torch.zeros(n, dtype=torch.bool)}
         self.tokens = {name: torch.cat([self.tokens[name], piece[name].to(dtype).cpu()])
                        for name, dtype in TOKEN_FIELDS}
         self.gates = torch.cat([self.gates, batch.gate_probs[:, r, :n].float().cpu()], dim=1)
@@ -91,8 +110,32 @@ class Row:
         self.segments += 1
         if reason == "stop":
             self.finish = "stop"
-        elif len(self) >= params.max_new_tokens or n < asked:  # the budget, or the model's positions
+            return
+        if n < asked:  # the model's positions ran out
             self.finish = "length"
+            return
+        if thinking is not None and self.cap is None and len(self) == thinking.budget:
+            # the forced-answer rule (room: the positions left, counting the next sampled token's, as the engines do)
+            room = positions - len(self) + 1 if positions is not None else 1 << 62
+            then = thinking.at_budget(self.ids, params.max_new_tokens, room)
+            if then is None:
+                self.finish = "length"
+                return
+            ids, self.cap = then
+            self.force(ids, version)
+        if len(self) >= self.limit(params, thinking):
+            self.finish = "length"
+
+    def force(self, ids: list[int], version: int) -> None:
+        """Append forced (not sampled) tokens: exit step 0, log-probs 0, no gates."""
+        k = len(ids)
+        if not k:
+            return
+        piece = {"completion_ids": torch.tensor(ids, dtype=torch.long), "kept_floor": torch.full((k,), -1),
+                 "versions": torch.full((k,), version), "forced_mask": torch.ones(k, dtype=torch.bool)}
+        self.tokens = {name: torch.cat([self.tokens[name], piece.get(name, torch.zeros(k)).to(dtype)])
+                       for name, dtype in TOKEN_FIELDS}
+        self.gates = torch.cat([self.gates, torch.full((self.gates.shape[0], k), float("nan"))], dim=1)
 
     def nbytes(self) -> int:
         """Bytes of the row's tensors (`token_bytes` per token)."""
@@ -105,11 +148,13 @@ class Row:
 
     def plain(self) -> dict:
         return {"tokens": dict(self.tokens), "gates": self.gates, "passes": self.passes, "finish": self.finish,
-                "segments": self.segments}
+                "segments": self.segments, "cap": self.cap}
 
     @classmethod
     def from_plain(cls, plain: dict) -> "Row":
-        return cls(dict(plain["tokens"]), plain["gates"], plain["passes"], plain["finish"], plain["segments"])
+        tokens = dict(plain["tokens"])
+        tokens.setdefault("forced_mask", torch.zeros_like(tokens["completion_ids"], dtype=torch.bool))
+        return cls(tokens, plain["gates"], plain["passes"], plain["finish"], plain["segments"], plain.get("cap"))
 
 
 @dataclass
@@ -179,4 +224,4 @@ def group_batch(group: Group, params: SamplingParams, num_loops: int, dtype: tor
         finish_reasons=[row.finish or "length" for row in rows], schedule=Schedule(kind, [], replayable=False),
         params=replace(params, prompt_seeds=[group.seed], n=len(rows)), stats=stats, num_loops=num_loops,
         dtype=dtype, pad_id=pad_id, kept_floor=stack("kept_floor", -1), exit_logprobs=stack("exit_logprobs", 0.0),
-        versions=stack("versions", -1))
+        versions=stack("versions", -1), forced_mask=stack("forced_mask", False))

@@ -49,9 +49,11 @@ class PartialStep(TrainingStep):
     """`TrainingStep` whose rollout takes completed groups from a buffer generated in segments
     across weights versions (the module docstring)."""
 
-    def __init__(self, *args, max_staleness: int = 1, segment_tokens: int = 32, last_step: int = 0, **kwargs):
+    def __init__(self, *args, max_staleness: int = 1, segment_tokens: int = 32, last_step: int = 0,
+                 max_positions: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_staleness, self.segment_tokens, self.last_step = int(max_staleness), int(segment_tokens), last_step
+        self.max_positions = max_positions  # the model's positions (a thinking budget's rule needs them)
         self.flight: list[Group] = []  # admitted, still generating, in admission order
         self.done: list[Group] = []  # complete, not trained yet
         self.admitted = 0  # groups admitted so far (the next one's index)
@@ -70,7 +72,8 @@ class PartialStep(TrainingStep):
 
     def sampling_base(self, seeds: list[int], n: int, max_new_tokens: int) -> SamplingParams:
         """The run's sampling settings for ``seeds`` (one per prompt), ``n`` rows each, at most
-        ``max_new_tokens`` (no thinking budget: refused with partial rollouts)."""
+        ``max_new_tokens`` — a segment's call: without the thinking budget, which the rows count
+        across their segments (`Row.extend`)."""
         return sampling_params(self.recipe.rollout, self.stop_token_ids, self.decode, None,
                                seed=rollout_seed(self.recipe.seed, SEED_STEP, 0, -1), prompt_seeds=list(seeds),
                                n=n, max_new_tokens=max_new_tokens)
@@ -107,10 +110,11 @@ class PartialStep(TrainingStep):
         """One segment of every unfinished row in the buffer, at the version the engine serves now."""
         version = self.engine.weights_version
         limit = self.recipe.rollout.max_new_tokens
+        base = self.sampling_base([], self.group_size, limit)
         calls = []  # (prompts, params, [(group, row index or None)], asked)
         new = [g for g in self.flight if not g.started]
         if new:
-            asked = min(self.segment_tokens, limit)
+            asked = min(self.segment_tokens, limit if self.thinking is None else self.thinking.budget)
             calls.append(([list(g.task.prompt_ids) for g in new], self.sampling_base([g.seed for g in new],
                                                                                      self.group_size, asked),
                           [(g, None) for g in new], asked))
@@ -118,7 +122,7 @@ class PartialStep(TrainingStep):
         for g in self.flight:
             for j, row in enumerate(g.rows):
                 if row.finish is None:
-                    by_asked[min(self.segment_tokens, limit - len(row))].append((g, j))
+                    by_asked[min(self.segment_tokens, row.limit(base, self.thinking) - len(row))].append((g, j))
         for asked, rows in sorted(by_asked.items()):
             prompts = [list(g.task.prompt_ids) + g.rows[j].ids for g, j in rows]
             seeds = [segment_seed(g.seed, j, g.rows[j].segments) for g, j in rows]
@@ -128,21 +132,25 @@ class PartialStep(TrainingStep):
         t0 = time.perf_counter()
         batches = self._generate([(prompts, params) for prompts, params, _, _ in calls])
         self.gen_s += time.perf_counter() - t0
-        base = self.sampling_base([], self.group_size, limit)
         for (_, _, rows, asked), batch in zip(calls, batches):
             if rows and rows[0][1] is None:  # first segments: the group's n rows, prompt-major
                 for i, (g, _) in enumerate(rows):
                     g.first_version = version
                     g.rows = [Row.empty(batch.num_loops) for _ in range(self.group_size)]
                     for j, row in enumerate(g.rows):
-                        row.extend(batch, i * self.group_size + j, version, asked, base)
+                        row.extend(batch, i * self.group_size + j, version, asked, base, self.thinking,
+                                   self._positions(g))
             else:
                 for r, (g, j) in enumerate(rows):
-                    g.rows[j].extend(batch, r, version, asked, base)
+                    g.rows[j].extend(batch, r, version, asked, base, self.thinking, self._positions(g))
             self._kind, self._dtype, self._loops = batch.schedule.kind, batch.dtype, batch.num_loops
         for g in [g for g in self.flight if g.done]:
             self.flight.remove(g)
             self.done.append(g)
+
+    def _positions(self, group: Group) -> int | None:
+        """The completion positions the model has after the group's prompt (None: not known)."""
+        return None if self.max_positions is None else self.max_positions - len(group.task.prompt_ids)
 
     def _generate(self, calls):
         """The calls' batches: dispatched together when the engine can (a `RayRolloutPool`)."""
@@ -184,14 +192,15 @@ class PartialStep(TrainingStep):
 
     def _scored(self, take: list[Group]):
         algo = self.recipe.algorithm
-        base = self.sampling_base([g.seed for g in take], self.group_size, self.recipe.rollout.max_new_tokens)
+        base = replace(self.sampling_base([g.seed for g in take], self.group_size, self.recipe.rollout.max_new_tokens),
+                       thinking=self.thinking)  # the rows' settings, as one call with the budget would have them
         parts = [group_batch(g, base, self._loops, self._dtype, self.pad_id, self._kind) for g in take]
         rollout = shards.merge(parts, base, 0.0)
         tasks = [g.task for g in take]
         scored = score_rollout(rollout, tasks, self.decode, self.runner)
         groups = score_groups(scored, algo.advantage_scale, None, None, base.prompt_seeds, estimator=algo.advantage,
                               compute_cost=algo.compute_cost, compute_price=algo.compute_price)
-        metrics = rollout_metrics(scored, groups, self.ranks, self.runner.names[0], None)
+        metrics = rollout_metrics(scored, groups, self.ranks, self.runner.names[0], self.thinking)
         batch = groups.batch
         keep = batch.target_mask
         behind = (self.learner.version - batch.versions[keep]).float()

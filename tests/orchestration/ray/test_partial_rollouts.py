@@ -237,7 +237,7 @@ class NoEos:
 
 
 def _segmented(native, runner, segment: int, temperature: float, max_new: int = 10, steps: int = 1,
-               wrap=lambda engine: engine):
+               wrap=lambda engine: engine, thinking=None):
     """The groups of the first ``steps`` steps' prompts generated segment by segment at version 0
     (the learner never finishes), and the one-call rollout of those groups."""
     engine, tok = native
@@ -246,7 +246,7 @@ def _segmented(native, runner, segment: int, temperature: float, max_new: int = 
     r.rollout.temperature, r.rollout.exit_policy = temperature, "threshold:0.5"
     step = PartialStep(r, engine, FakeLearner(10**6), PromptStream(r.data.source, lambda s: tok(
         s, add_special_tokens=False).input_ids, lambda q: q, seed=r.data.seed), runner, tok.decode, [],
-        max_staleness=2, segment_tokens=segment, last_step=steps)
+        max_staleness=2, segment_tokens=segment, last_step=steps, thinking=thinking)
     step._admit()
     ticks = 0
     while step.flight:
@@ -254,7 +254,8 @@ def _segmented(native, runner, segment: int, temperature: float, max_new: int = 
         ticks += 1
     groups = sorted(step.done, key=lambda g: g.index)
     full = engine.generate([g.task.prompt_ids for g in groups],  # the batch the first segment ran
-                           step.sampling_base([g.seed for g in groups], r.rollout.group_size, max_new))
+                           replace(step.sampling_base([g.seed for g in groups], r.rollout.group_size, max_new),
+                                   thinking=thinking))
     return step, groups, full, ticks
 
 
@@ -306,4 +307,69 @@ def test_a_stop_string_spanning_two_segments_ends_the_row_there():
         assert (len(row), row.finish) == (length, finish), stop
         assert row.ids == (a + b)[:length] and row.tokens["versions"].tolist() == [0] * 4 + [1] * (length - 4)
         assert row.gates.shape == (LOOPS, length)
-        assert row.nbytes() == length * token_bytes(LOOPS) == length * (44 + 4 * LOOPS)
+        assert row.nbytes() == length * token_bytes(LOOPS) == length * (45 + 4 * LOOPS)
+
+
+def test_a_thinking_budget_is_counted_across_a_rows_segments(native, runner):
+    """Greedy rows in 3-token segments with a thinking budget of 4 that is never closed: each row's
+    segment ends at the budget, the interruption is forced there and 3 answer tokens follow — the
+    one-call rollout with that budget (forced tokens not sampled, rows longer than max_new_tokens)."""
+    from rltt.rollout.params import ThinkingBudget
+
+    thinking = ThinkingBudget(budget=4, close=[1, 2, 3], interruption=[5, 6, 1, 2, 3], answer_budget=3)
+    step, groups, full, ticks = _segmented(native, runner, segment=3, temperature=0.0, max_new=8, steps=2,
+                                           wrap=NoEos, thinking=thinking)
+    assert int(full.forced_mask.sum()) == 4 * 2 * 5 and int(full.completion_lengths.max()) == 12 > 8
+    rows = [row for g in groups for row in g.rows]
+    for j, row in enumerate(rows):
+        n = int(full.completion_lengths[j])
+        assert row.ids == full.completion_ids[j, :n].tolist() and row.finish == full.finish_reasons[j]
+        assert torch.equal(row.tokens["forced_mask"], full.forced_mask[j, :n])
+        assert row.segments == 3  # 3 + 1 thinking tokens, then the forced ids and 3 answer tokens
+        assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
+        torch.testing.assert_close(row.tokens["logprobs"], full.logprobs[j, :n], rtol=0, atol=1e-5)
+        assert bool(row.gates[:, row.tokens["forced_mask"]].isnan().all())
+    from rltt.orchestration.ray.partial_rows import group_batch
+
+    batch = group_batch(groups[0], replace(full.params, thinking=thinking), full.num_loops, full.dtype,
+                        full.pad_id, full.schedule.kind)
+    assert torch.equal(batch.forced_mask, full.forced_mask[:2, :batch.forced_mask.shape[1]])
+    scored, metrics = step._scored(groups)  # the learner's rows: forced tokens are input, never targets
+    assert int(scored.batch.target_mask.sum()) == int(full.completion_lengths.sum()) - int(full.forced_mask.sum())
+    assert metrics[m.LENGTH_FORCED_FRAC] == 1.0  # the thinking metrics, every row forced
+
+
+@pytest.mark.parametrize("close, positions, want", [
+    ("open", None, ("forced", 4 + 2 + 3)),  # the interruption (2 ids), then answer_budget 3
+    ("closed", None, ("none", 12)),  # closed in time: on to max_new_tokens
+    ("open", 5, ("length", 4)),  # room 5 - 4 + 1 = 2 (the engines' count): not more than the interruption
+])
+def test_the_forced_answer_rule_across_segments(close, positions, want):
+    from rltt.orchestration.ray.partial_rows import Row
+    from rltt.rollout import SamplingParams
+    from rltt.rollout.params import ThinkingBudget
+
+    engine = FakeEngine()
+    first = engine.generate([[LONG, 12]], SamplingParams(max_new_tokens=2, prompt_seeds=[5]))
+    second = engine.generate([[LONG, 12, 1]], SamplingParams(max_new_tokens=2, prompt_seeds=[6]))
+    a, b = first.completion(0), second.completion(0)
+    closing = [b[0]] if close == "closed" else [99]
+    thinking = ThinkingBudget(budget=4, close=closing, interruption=[7, 99], answer_budget=3)
+    params = SamplingParams(max_new_tokens=12)
+    row = Row.empty(LOOPS)
+    assert row.limit(params, thinking) == 4
+    row.extend(first, 0, 0, 2, params, thinking, positions)
+    assert row.finish is None and row.limit(params, thinking) == 4
+    row.extend(second, 0, 1, 2, params, thinking, positions)
+    kind, cap = want
+    forced = row.tokens["forced_mask"].tolist()
+    if kind == "length":
+        assert row.finish == "length" and len(row) == 4 and not any(forced)
+        return
+    assert row.finish is None and row.limit(params, thinking) == cap
+    if kind == "forced":
+        assert row.ids == a + b + [7, 99] and forced == [False] * 4 + [True] * 2
+        assert row.tokens["logprobs"][4:].tolist() == [0.0, 0.0] and row.tokens["versions"].tolist() == [0, 0, 1, 1, 1, 1]
+        assert bool(row.gates[:, 4:].isnan().all()) and row.nbytes() == len(row) * (45 + 4 * LOOPS)
+    else:
+        assert row.ids == a + b and not any(forced)
