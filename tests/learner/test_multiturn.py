@@ -1,7 +1,8 @@
 """The learner on multi-turn episodes: environment tokens are attended to but never trained on.
 
 A batch of native-engine episodes (tests/environments: a scripted environment answers turns
-that "call a tool") goes through the learner: at the rollout weights the ratio is exactly 1 and
+that "call a tool"; the engine continues each row with its KV kept between turns,
+`rltt.rollout.continuation`) goes through the learner: at the rollout weights the ratio is exactly 1 and
 the learner's log-prob of every model token is the sampler's (the history, environment tokens
 included, is the context it was sampled in); the loss aggregations count model tokens only
 (hand-computed), and the loss has no gradient through an environment token's log-prob even when
@@ -35,6 +36,7 @@ def _episodes(schedule="deferred"):
     episodes = run_episodes(NativeEngine(model), prompts([4, 6, 3], seed=2), params, ScriptedEnv(), ["a", "b", "c"],
                             encode, decode, max_turns=4, max_tokens=30)
     assert episodes.rollout.env_mask.any()
+    assert episodes.rollout.schedule.replayable  # continued rows: the native engine's turn sessions kept the KV
     return model, episodes.rollout, LearnerBatch.from_rollout(episodes.rollout, ADVANTAGES)
 
 
