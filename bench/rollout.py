@@ -319,8 +319,25 @@ def main(argv=None) -> None:
                              "(with --engine vllm: the ### vLLM engine subsection); subsections are kept")
     parser.add_argument("--append", action="store_true",
                         help="with --write: add this table after the ones there (before the notes) instead of replacing them")
+    parser.add_argument("--episodes", action="store_true",
+                        help="multi-turn episodes instead: continued rows vs re-submitted history (bench/episode_turns.py)")
+    parser.add_argument("--rows", type=int, default=16, help="with --episodes: episodes (rows), --group per prompt")
+    parser.add_argument("--turn-tokens", type=int, default=32, help="with --episodes: new tokens a turn at most")
+    parser.add_argument("--answer", type=int, default=16, help="with --episodes: the environment's tokens per answer")
+    parser.add_argument("--turns", type=int, default=4, help="with --episodes: turns per episode at most")
+    parser.add_argument("--episode-tokens", type=int, default=512, help="with --episodes: an episode's token budget")
+    parser.add_argument("--stop-ids", type=int, default=256,
+                        help="with --episodes: ids 0..N-1 end a turn (about one token in V/N)")
+    parser.add_argument("--schedule", choices=("dense", "deferred"), default="deferred", help="with --episodes")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.episodes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from episode_turns import episodes_bench
+
+        episodes_bench(args, build_model(args))
+        print(f"total {time.perf_counter() - start:.0f} s")
+        return
     rows, md = run_vllm(args) if args.engine == "vllm" else run(args)
     md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}; prompts of {args.prompt_len} "
           f"tokens, {args.new_tokens} new tokens per row; {args.threads} thread(s); throughput in tokens per "
