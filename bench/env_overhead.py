@@ -1,7 +1,7 @@
-"""What the tools' isolation costs per call, against the same work done in-process.
+"""What the tools' and the environments' isolation costs, against the same work done in-process.
 
-    python bench/env_overhead.py                 # 40 calls of each (about 15 s on 2 CPU cores)
-    python bench/env_overhead.py --calls 200
+    python bench/env_overhead.py                 # 40 calls of each (about 30 s on 2 CPU cores)
+    python bench/env_overhead.py --calls 200 --rows 64 --workers 2
 
 Measured in one process, interleaved call by call so a change in the machine's load hits every
 row alike; medians over ``--calls`` calls of the wall clock (the tools' limits are wall-clock
@@ -13,7 +13,14 @@ which other jobs on a shared machine inflate much less than the wall clock:
   stdout captured; the bare start of the same interpreter (``python -I -S -c pass``) says how
   much of the overhead is process start-up and how much the sandbox's own set-up;
 - calculator: ``run_tool("calculator", EXPR)`` (ast whitelist, exact, bounded; in-process)
-  against ``eval`` of the same expression.
+  against ``eval`` of the same expression;
+- environment turn: one turn of ``--rows`` episodes — the batch of `Environment.step` calls the
+  episode loop makes after a model turn, apart from generation — run in-process (`InProcessEnv`)
+  and isolated (`EnvPool`, ``--workers`` worker processes, started before the timing: a run
+  starts its pool once), for the ``annotations`` environment and the ``tools`` environment with
+  the calculator (each turn text a calculator call, so every call does the tool's work). The
+  replies are checked equal first. The pool's workers are not reaped while it runs, so their CPU
+  time is not in the CPU column (wall clock only there).
 """
 
 from __future__ import annotations
@@ -31,12 +38,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rltt.environments.annotation_env import AnnotationEnvironment  # noqa: E402
+from rltt.environments.env_pool import EnvPool, InProcessEnv  # noqa: E402
 from rltt.environments.sandbox import isolation  # noqa: E402
+from rltt.environments.tool_env import ToolEnvironment  # noqa: E402
 from rltt.environments.tools import ToolLimits, run_tool  # noqa: E402
+from rltt.runtime.worker_pool import default_workers  # noqa: E402
 
 PY_CODE = "x = sum(i * i for i in range(100))\nprint(x)"
 CALC_EXPR = "123456789123456789 * 987654321987654321 + 1/3"
 CALC_EVAL = "123456789123456789 * 987654321987654321 + __import__('fractions').Fraction(1, 3)"
+#: a model turn per environment: each one a calculator call
+TURNS = {"annotations": " Ann has 61961 + 25337 = <<61961+25337=",
+         "tools": 'Let me compute. <tool name="calculator">123456789 * 987654321</tool>'}
+ENVS = {"annotations": AnnotationEnvironment, "tools": lambda: ToolEnvironment(["calculator"])}
 
 
 def _in_process(code: str) -> str:
@@ -65,8 +80,12 @@ def _timed(fn) -> tuple[float, float]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--rows", type=int, default=64, help="episodes per environment turn (quickstart-tools: 64)")
+    parser.add_argument("--workers", type=int, default=None, help="environment worker processes (default: "
+                                                                   "half the CPUs, 1 to 4)")
     args = parser.parse_args(argv)
     limits = ToolLimits()
+    workers = args.workers or default_workers()
 
     sandboxed = run_tool("python", PY_CODE, limits)
     assert sandboxed.error is None and sandboxed.output == _in_process(PY_CODE), sandboxed
@@ -78,6 +97,15 @@ def main(argv=None) -> None:
             "bare interpreter start (-I -S -c pass)": _bare_start,
             "calculator tool": lambda: run_tool("calculator", CALC_EXPR, limits),
             "calculator in-process (eval)": lambda: eval(CALC_EVAL)}  # noqa: S307
+    pools = {}
+    for name, make in ENVS.items():  # one environment turn of --rows episodes, in-process and isolated
+        inline, pool = InProcessEnv(make()), EnvPool(make(), workers=workers)
+        states, texts = [None] * args.rows, [TURNS[name]] * args.rows
+        assert pool.step(states, texts) == inline.step(states, texts)  # the same replies (and the pool started)
+        assert all(error is None and reply.tool_call for (reply, _), error in inline.step(states, texts))
+        pools[name] = pool
+        rows[f"{name} turn in-process"] = lambda e=inline, s=states, t=texts: e.step(s, t)
+        rows[f"{name} turn isolated"] = lambda e=pool, s=states, t=texts: e.step(s, t)
     times: dict[str, list[float]] = {name: [] for name in rows}
     cpu: dict[str, list[float]] = {name: [] for name in rows}
     load_before = os.getloadavg()
@@ -87,6 +115,8 @@ def main(argv=None) -> None:
             times[name].append(wall)
             cpu[name].append(used)
     load_after = os.getloadavg()
+    for pool in pools.values():
+        pool.close()
     med = {name: statistics.median(values) for name, values in times.items()}
     med_cpu = {name: statistics.median(values) for name, values in cpu.items()}
 
@@ -108,6 +138,11 @@ def main(argv=None) -> None:
           f"{med_cpu['bare interpreter start (-I -S -c pass)']:.1f} ms)")
     print(f"calculator: overhead {calc_over * 1e3:.0f} µs per call against eval "
           f"({med['calculator tool'] / max(med['calculator in-process (eval)'], 1e-9):.1f}× eval)")
+    for name in ENVS:
+        inline, isolated = med[f"{name} turn in-process"], med[f"{name} turn isolated"]
+        print(f"{name} environment: isolation overhead {isolated - inline:.2f} ms per turn of {args.rows} episodes "
+              f"({workers} worker{'s' * (workers > 1)}; in-process {inline:.2f} ms, isolated {isolated:.2f} ms; "
+              f"{(isolated - inline) / args.rows * 1e3:.0f} µs per episode)")
 
 
 if __name__ == "__main__":

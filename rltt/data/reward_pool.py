@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import struct
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
-from rltt.runtime.worker_pool import FORKSERVER_PRELOAD, START_TIMEOUT_S, WorkerPool  # noqa: F401 - re-exported
+from rltt.runtime.worker_pool import FORKSERVER_PRELOAD, START_TIMEOUT_S, WorkerPool, default_workers  # noqa: F401
 from rltt.runtime.worker_pool import die_with_parent, ignore_stop_signals, serve
 
 
@@ -89,7 +88,3 @@ class RewardPool(WorkerPool):
     def run(self, tasks: Sequence[Task]) -> list[tuple[float | None, str | None]]:
         """Every task's ``(score, None)`` or ``(None, error message)``, in order."""
         return self.call([(t.fn_index, t.completion, t.answer, t.kw) for t in tasks], [t.timeout_s for t in tasks])
-
-
-def default_workers() -> int:
-    return max(1, min(4, (os.cpu_count() or 1) // 2))

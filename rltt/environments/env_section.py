@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from rltt.config import PositiveFloat, PositiveInt, Range, recipe_error
+from rltt.environments.env_pool import MIN_ENV_MEMORY_MB, EnvPool, InProcessEnv
 from rltt.environments.registry import ENVIRONMENTS
 from rltt.environments.tools import MIN_MEMORY_MB, MIN_OUTPUT_CHARS, ToolLimits
 
@@ -38,7 +39,12 @@ class EnvSection:
     by ``rollout.max_new_tokens``); an episode that runs out of either ends *truncated*.
     ``stop_strings``: where a model turn ends besides EOS (null: the environment's own — ``tools``:
     the tool-call close tag ``</tool>``; ``annotations``: ``=``).
-    ``limits``: per tool call."""
+    ``limits``: per tool call.
+
+    ``isolated``: the environment's own calls (``start``, ``step``, ``answer``) run in ``workers``
+    worker processes (null: half the CPUs, 1 to 4), each call within ``timeout_s`` seconds and each
+    worker within ``memory_mb`` of address space; a call that raises, hangs or ends its process
+    fails its episode only (`rltt.environments.env_pool`). ``false``: in the trainer's process."""
 
     name: Literal[(NO_ENV, *ENVIRONMENTS)] = NO_ENV  # type: ignore[valid-type]  # the environment table's names
     tools: list[str] = field(default_factory=lambda: ["python"])
@@ -46,6 +52,10 @@ class EnvSection:
     max_tokens: PositiveInt = 512
     stop_strings: list[str] | None = None  # null: the environment's own (tools: the call's close tag)
     limits: ToolLimitsSection = field(default_factory=ToolLimitsSection)
+    isolated: bool = True  # start/step/answer in worker processes (false: in the trainer's process)
+    workers: PositiveInt | None = None  # isolated: worker processes (null: half the CPUs, 1 to 4)
+    timeout_s: PositiveFloat = 30.0  # isolated: seconds one environment call may take (a tool call included)
+    memory_mb: Annotated[int, Range(ge=MIN_ENV_MEMORY_MB, why="the interpreter and the tool layer need that much")] = 4096
 
     @property
     def enabled(self) -> bool:
@@ -56,6 +66,10 @@ class EnvSection:
             return
         if self.stop_strings is not None and any(not s for s in self.stop_strings):
             raise recipe_error("env.stop_strings", "must be non-empty strings")
+        if self.isolated and self.timeout_s <= self.limits.timeout_s:
+            raise recipe_error("env.timeout_s", f"must be longer than env.limits.timeout_s={self.limits.timeout_s:g} "
+                                                f"(an environment call runs a tool call within it), got "
+                                                f"{self.timeout_s:g}")
         ENVIRONMENTS[self.name].check_section(self)
 
     def check_rollout(self, rollout, orchestration) -> None:
@@ -72,3 +86,21 @@ class EnvSection:
         if orchestration.backend != "local":
             raise recipe_error("orchestration.backend", f"env.name={self.name} runs episodes with the local "
                                                         f"orchestration only, got {orchestration.backend!r}")
+
+    def check_positions(self, prompt_tokens: int, max_positions: int | None) -> None:
+        """An episode's last turn is prompted with the prompt and the whole history: the prompt
+        budget (``data.max_prompt_tokens``) + ``env.max_tokens`` must fit the model's positions
+        (None: not known yet — the trainer checks each prompt once the model is there)."""
+        if not self.enabled or max_positions is None:
+            return
+        if prompt_tokens + self.max_tokens > max_positions:
+            raise recipe_error("env.max_tokens", f"data.max_prompt_tokens={prompt_tokens} + env.max_tokens="
+                                                 f"{self.max_tokens} = {prompt_tokens + self.max_tokens} positions "
+                                                 f"exceed the model's max_position_embeddings={max_positions} (an "
+                                                 f"episode's last turn runs on the prompt and the whole history)")
+
+    def runner(self, env):
+        """Where ``env``'s calls run: an `EnvPool` (``isolated``) or `InProcessEnv`."""
+        if not self.isolated:
+            return InProcessEnv(env)
+        return EnvPool(env, self.workers, self.timeout_s, self.memory_mb)

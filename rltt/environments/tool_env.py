@@ -11,6 +11,9 @@ final answer (`Environment.answer`).
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from rltt.config import recipe_error
@@ -59,3 +62,21 @@ class ToolEnvironment(Environment):
             result = kit.ToolResult(output=f"unknown tool {name!r}; the tools are: {', '.join(self.tools)}",
                                     error="unsupported", seconds=0.0)
         return EnvReply(kit.format_tool_result(result), tool_call=True, tool_error=result.error is not None)
+
+    def __getstate__(self) -> dict:
+        """A toolkit that is a module travels by its name (an isolated environment is pickled to its
+        workers, `rltt.environments.env_pool`)."""
+        state = dict(self.__dict__)
+        if isinstance(self.toolkit, ModuleType):
+            state["toolkit"] = _ModuleRef(self.toolkit.__name__)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state.get("toolkit"), _ModuleRef):
+            state["toolkit"] = importlib.import_module(state["toolkit"].name)
+        self.__dict__.update(state)
+
+
+@dataclass(frozen=True)
+class _ModuleRef:
+    name: str

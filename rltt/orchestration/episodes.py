@@ -25,8 +25,9 @@ its own budget are cut off afterwards — the kept tokens are a prefix of what w
 their own records. An episode ends *truncated* (finish reason ``length``) when a turn stops at
 a length cap, its budget leaves no room for the environment's answer and one more token, or the
 last allowed turn still called a tool. A crash of the environment (an exception out of
-``step``) ends that episode with a counted error (scored 0), never the run; tool calls run
-isolated under their own limits (`rltt.environments.tools`).
+``start``/``step``, or with an isolating ``env_runner`` a call that hangs or ends its worker
+process: `rltt.environments.env_pool`) ends that episode with a counted error (scored 0), never
+the run; tool calls run isolated under their own limits (`rltt.environments.tools`).
 
 Seeds: turn 1 is the engine call with the step's ``params`` (``prompt_seeds``); row r's turn k > 1
 draws from `turn_seed` (its prompt's seed, its sample index, k) — with one ``seed`` for the call
@@ -47,6 +48,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rltt.environments import Environment
+from rltt.environments.env_pool import InProcessEnv
 from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
 from rltt.rollout.rollout_batch import RolloutStats, Schedule, join_schedules
@@ -142,20 +144,15 @@ class EpisodeBatch:
         return out
 
 
-def _step(env: Environment, state: Any, text: str):
-    """The environment's reply, or the message of the exception it raised."""
-    try:
-        return env.step(state, text), None
-    except Exception as exc:  # noqa: BLE001 - one episode fails, the run goes on
-        return None, f"{type(exc).__name__}: {' '.join(str(exc).splitlines())}"[:500]
-
-
 def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, env: Environment,
                  tasks: Sequence[Any], encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str],
-                 max_turns: int, max_tokens: int, keep_turns: bool = False) -> EpisodeBatch:
+                 max_turns: int, max_tokens: int, keep_turns: bool = False, env_runner=None) -> EpisodeBatch:
     """Run ``params.n`` episodes per prompt (``tasks[i]``: prompt i's data row, for
     `Environment.start`) and return them as one `EpisodeBatch` (rows prompt-major, as a single-turn
-    rollout's). ``keep_turns``: keep every engine call's batch (for `replay_episode`)."""
+    rollout's). ``keep_turns``: keep every engine call's batch (for `replay_episode`). ``env_runner``:
+    where the environment's calls run, one batch of them at a time (`rltt.environments.env_pool`:
+    an `EnvPool`'s worker processes; None: this process)."""
+    env_runner = env_runner if env_runner is not None else InProcessEnv(env)
     stops = list(params.stop_strings) + [s for s in env.stop_strings if s not in params.stop_strings]
     base = replace(params, stop_strings=stops, decoder=params.decoder or decode,
                    max_new_tokens=min(params.max_new_tokens, max_tokens))
@@ -167,16 +164,20 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
     # the engine's turn sessions (`RolloutEngine.open_turns`): re-submitted prompts or continued rows
     for session in engine.open_turns(list(prompts), base, max_tokens):
         with session:
-            _session_episodes(session, list(prompts), base, env, tasks, encode, decode, max_turns, max_tokens,
+            _session_episodes(session, list(prompts), base, env_runner, tasks, encode, decode, max_turns, max_tokens,
                               episodes, records, calls)
             parts.append((session.record(), session.end_row - session.first_row))
+    answers = []
+    for ep, (text, error) in zip(episodes, env_runner.answer([ep.turns for ep in episodes])):
+        ep.error = ep.error or error  # an environment's own answer() that fails fails the episode
+        answers.append(text or "")
     first = calls[0][0]
     schedules = [record for record, _ in parts]
     schedule = join_schedules(schedules, [k for _, k in parts]) if None not in schedules else None
     rollout = _episode_rollout(first, calls, episodes, replace(first.params, max_new_tokens=max_tokens),
                                list(prompts), schedule)
     return EpisodeBatch(
-        rollout=rollout, answers=[env.answer(ep.turns) for ep in episodes],
+        rollout=rollout, answers=answers,
         turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
         tool_calls=torch.tensor([ep.tool_calls for ep in episodes], dtype=torch.long),
         tool_errors=torch.tensor([ep.tool_errors for ep in episodes], dtype=torch.long),
@@ -185,13 +186,14 @@ def run_episodes(engine: RolloutEngine, prompts: list[list[int]], params: Sampli
         turns_record=records if keep_turns else None)
 
 
-def _session_episodes(session: TurnSession, prompts: list[list[int]], base: SamplingParams, env: Environment,
+def _session_episodes(session: TurnSession, prompts: list[list[int]], base: SamplingParams, env_runner,
                       tasks: Sequence[Any], encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str],
                       max_turns: int, max_tokens: int, all_episodes: list[_Episode], records: list[TurnRecord],
                       calls: list[tuple[RolloutBatch, list[int]]]) -> None:
     """The episodes of one turn session (rows ``session.first_row ..`` of the call), turn by turn:
     their `_Episode`s filled in ``all_episodes``, their engine calls appended to ``records`` and
-    ``calls`` (episode rows of the whole call)."""
+    ``calls`` (episode rows of the whole call). The environment's calls go through ``env_runner``,
+    one batch per turn."""
     n = base.n
     offset, first_prompt = session.first_row, session.first_prompt
     prompts = prompts[first_prompt: session.end_prompt]
@@ -206,16 +208,13 @@ def _session_episodes(session: TurnSession, prompts: list[list[int]], base: Samp
             for r in range(R)]
     episodes = all_episodes[offset: offset + R]
     states: list[Any] = [None] * R
-    for r in range(R):
-        try:
-            states[r] = env.start(tasks[r // n])
-        except Exception as exc:  # noqa: BLE001 - the episode fails before its first turn is read
-            episodes[r].error = f"{type(exc).__name__}: {exc}"[:500]
+    for r, (state, error) in enumerate(env_runner.start([tasks[r // n] for r in range(R)])):
+        states[r], episodes[r].error = state, error  # an error: the episode fails before its first turn is read
     calls.append((first, list(range(offset, offset + R))))
     batch, rows = first, list(range(R))
     for turn in range(1, max_turns + 1):
         record = TurnRecord(batch, [offset + r for r in rows], [len(episodes[r].ids) for r in rows], [])
-        going = []
+        going, asked = [], []
         for i, r in enumerate(rows):
             ep = episodes[r]
             sampled = int(batch.completion_lengths[i])
@@ -229,10 +228,13 @@ def _session_episodes(session: TurnSession, prompts: list[list[int]], base: Samp
             if keep < sampled or batch.finish_reasons[i] == "length":
                 ep.truncated = True
                 continue
-            reply, error = _step(env, states[r], text)
+            asked.append((r, text))
+        for (r, _), (step, error) in zip(asked, env_runner.step([states[r] for r, _ in asked], [t for _, t in asked])):
+            ep = episodes[r]
             if error is not None:
                 ep.error = error
                 continue
+            reply, states[r] = step
             if reply.done:
                 continue
             ep.tool_calls += int(reply.tool_call)
@@ -334,14 +336,17 @@ def replay_episode(model, episodes: EpisodeBatch) -> ReplayLogprobs:
 
 @dataclass
 class EpisodeRunner:
-    """A recipe's episodes: its environment (``env.name``), its tokenizer's ``encode``/``decode`` and
-    the ``env.max_turns`` / ``env.max_tokens`` limits; `run` is `run_episodes` with them."""
+    """A recipe's episodes: its environment (``env.name``), its tokenizer's ``encode``/``decode``, the
+    ``env.max_turns`` / ``env.max_tokens`` limits and where the environment's calls run
+    (``env_runner``: the run's `EnvPool` with ``env.isolated``); `run` is `run_episodes` with them,
+    `close` stops the pool's workers."""
 
     env: Environment
     encode: Callable[[str], list[int]]
     decode: Callable[[Sequence[int]], str]
     max_turns: int
     max_tokens: int
+    env_runner: Any = None
 
     @classmethod
     def from_recipe(cls, recipe, encode, decode) -> "EpisodeRunner | None":
@@ -354,9 +359,13 @@ class EpisodeRunner:
             return None
         if encode is None:
             raise ValueError(f"env.name={section.name}: the episode loop needs the tokenizer's encode")
-        return cls(env, encode, decode, section.max_turns, section.max_tokens)
+        return cls(env, encode, decode, section.max_turns, section.max_tokens, section.runner(env))
 
     def run(self, engine: RolloutEngine, tasks: Sequence[Any], params: SamplingParams,
             keep_turns: bool = False) -> EpisodeBatch:
         return run_episodes(engine, [t.prompt_ids for t in tasks], params, self.env, tasks, self.encode,
-                            self.decode, self.max_turns, self.max_tokens, keep_turns)
+                            self.decode, self.max_turns, self.max_tokens, keep_turns, self.env_runner)
+
+    def close(self) -> None:
+        if self.env_runner is not None:
+            self.env_runner.close()

@@ -131,11 +131,12 @@ class HeldOutEvaluator:
     process, in 1/world of the time. A collective: every rank calls it."""
 
     def __init__(self, recipe, engine: RolloutEngine, tasks: list[Task], tokenizer, runner: RewardRunner, ranks,
-                 thinking=None):
+                 thinking=None, episodes: EpisodeRunner | None = None):
         self.engine, self.tasks, self.decode, self.runner, self.ranks = (
             engine, tasks, tokenizer.decode, runner, ranks)
         self.params = eval_sampling(recipe, stop_ids(tokenizer), tokenizer.decode, thinking)
-        self.episodes = EpisodeRunner.from_recipe(
+        # the training step's episodes and environment workers when given (one pool per run), else its own
+        self.episodes = episodes if episodes is not None else EpisodeRunner.from_recipe(
             recipe, lambda text: tokenizer(text, add_special_tokens=False).input_ids, tokenizer.decode)
 
     def __call__(self) -> dict[str, float]:
@@ -199,8 +200,12 @@ def evaluate_recipe(recipe, *, samples: int | None = None, split: str | None = N
                            size, d.seed)
         params = eval_sampling(recipe, stop_ids(policy.tokenizer), policy.decode, policy.thinking(recipe),
                                samples=samples, temperature=temperature, exit_policy=exit_policy)
-        result = evaluate(policy.engine, tasks, policy.decode, policy.runner, params,
-                          episodes=EpisodeRunner.from_recipe(recipe, policy.encode, policy.decode))
+        episodes = EpisodeRunner.from_recipe(recipe, policy.encode, policy.decode)
+        try:
+            result = evaluate(policy.engine, tasks, policy.decode, policy.runner, params, episodes=episodes)
+        finally:
+            if episodes is not None:
+                episodes.close()  # the environment's worker processes
     shown_source = eval_source or (f"{d.source} (held out)" if d.source.startswith("synthetic") else d.source)
     return EvalReport(str(policy.model_path), shown_source, split, len(tasks), params.n, params.temperature, result,
                       None if params.exit_policy is None else str(params.exit_policy))

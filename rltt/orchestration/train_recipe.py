@@ -233,6 +233,8 @@ class TrainRecipe:
             raise recipe_error("rewards", "needs at least one reward function")
         policy = parsed_exit_policy(self.rollout, "exit_policy", "rollout.exit_policy", self.model.known_num_loops())
         self.env.check_rollout(self.rollout, self.orchestration)
+        source = ModelSource.local(self.model.path)  # a local checkpoint's positions (None: not known yet)
+        self.env.check_positions(self.data.max_prompt_tokens, source.max_positions if source is not None else None)
         parsed_exit_policy(self.train, "eval_exit_policy", "train.eval_exit_policy", self.model.known_num_loops())
         kind = policy.kind if policy is not None else ""
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability

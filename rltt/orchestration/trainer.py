@@ -140,7 +140,7 @@ class Trainer:
                                         self.tokenizer.decode, stop_ids(self.tokenizer),
                                         self.tokenizer.pad_token_id or 0, self.ranks, thinking, encode=encode)
         self.evaluate = HeldOutEvaluator(r, self.engine, self.eval_tasks, self.tokenizer, self.runner,
-                                         self.ranks, thinking)
+                                         self.ranks, thinking, getattr(self.training, "episodes", None))
         self.saver = CheckpointSaver(self.run_dir, r, self.ranks, self.tokenizer, self.learner)
         self.step = 0
         self.first_eval: float | None = None
@@ -165,9 +165,11 @@ class Trainer:
         if positions is None:
             return  # not a local checkpoint with a plain config: the engine checks each prompt
         r = self.recipe
-        limit = positions - r.rollout.max_new_tokens
-        what = (f"with rollout.max_new_tokens={r.rollout.max_new_tokens} it does not fit the model's "
-                f"max_position_embeddings={positions}")
+        # a multi-turn episode's last turn runs on the prompt and the whole history (env.max_tokens)
+        key, width = ("env.max_tokens", r.env.max_tokens) if r.env.enabled else ("rollout.max_new_tokens",
+                                                                                r.rollout.max_new_tokens)
+        limit = positions - width
+        what = f"with {key}={width} it does not fit the model's max_position_embeddings={positions}"
         self.prompts.check_lengths(limit, f"data.source={r.data.source}", what)
         for task in self.eval_tasks:
             if len(task.prompt_ids) > limit:
@@ -194,6 +196,9 @@ class Trainer:
         try:
             if self.runner is not None:
                 self.runner.close()
+            for part in (getattr(self, "training", None), getattr(self, "evaluate", None)):
+                if getattr(part, "episodes", None) is not None:  # the environment's worker processes
+                    part.episodes.close()
             parts, self.parts = self.parts, None
             if parts is not None:
                 parts.engine.close()

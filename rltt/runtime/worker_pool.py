@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import time
@@ -35,6 +36,11 @@ START_TIMEOUT_S = 120.0
 FORKSERVER_PRELOAD = "rltt.data.forkserver_init"
 
 Result = tuple[Any, "str | None"]
+
+
+def default_workers() -> int:
+    """Workers of a pool when the recipe does not say: half the CPUs, between 1 and 4."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 def die_with_parent() -> None:
@@ -147,8 +153,7 @@ class WorkerPool:
                     self._kill(worker)
                     raise RlttError(f"{self.what} worker {self.load_failed}: {message}")
 
-    def start(self) -> None:
-        """Start the workers now (`call` starts them on first use otherwise)."""
+    def _start(self) -> None:
         while len(self._workers) < self.size:
             self._workers.append(self._spawn())
         self._await_ready(self._workers)
@@ -195,7 +200,7 @@ class WorkerPool:
         if not payloads:
             return []
         if not self._workers:
-            self.start()
+            self._start()
         chunk = -(-len(payloads) // len(self._workers))
         for i, worker in enumerate(self._workers):
             self._send(worker, list(range(i * chunk, min((i + 1) * chunk, len(payloads)))), payloads, timeouts,
