@@ -1,7 +1,8 @@
 """`rltt train … orchestration.partial_rollouts=true` on a local Ray cluster: rows continue across
 weights versions (each trained token at most K versions behind the learner), the new metrics are
-logged, and a run killed after a checkpoint and resumed hands every prompt of its stream to
-training (or drops it) exactly once — none skipped, none repeated."""
+logged (with a thinking budget counted across segments), and a run killed after a checkpoint and
+resumed hands every prompt of its stream to training (or drops it) exactly once — none skipped,
+none repeated."""
 
 import pytest
 
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 K = 2
 PARTIAL = ["train.steps=4", "train.eval_every=0", "checkpoint.every=1", "orchestration.backend=ray",
            "orchestration.ray.timeout_s=120", f"orchestration.max_staleness={K}", "orchestration.partial_rollouts=true",
-           "orchestration.partial_segment_tokens=1", "rollout.max_new_tokens=16"]
+           "orchestration.partial_segment_tokens=1", "rollout.max_new_tokens=16",
+           # a thinking budget counted across each row's 1-token segments
+           "rollout.thinking.budget=6", "rollout.thinking.answer_budget=3"]
 
 
 def test_partial_rollouts_resume_neither_skips_nor_repeats_a_prompt(ray_cluster, tmp_path, monkeypatch):
@@ -53,8 +56,10 @@ def test_partial_rollouts_resume_neither_skips_nor_repeats_a_prompt(ray_cluster,
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
         assert 0 <= r[m.ORCH_STALENESS_MEAN] <= r[m.ORCH_STALENESS] <= K
-        for key in (m.ORCH_PARTIAL_ROWS, m.ORCH_DROPPED_ROWS, m.ORCH_LEARNER_IDLE_FRAC, m.ORCH_ROLLOUT_IDLE_FRAC):
+        for key in (m.ORCH_PARTIAL_ROWS, m.ORCH_DROPPED_ROWS, m.ORCH_LEARNER_IDLE_FRAC, m.ORCH_ROLLOUT_IDLE_FRAC,
+                    m.LENGTH_FORCED_FRAC):
             assert key in r, key
+    assert any(r[m.LENGTH_FORCED_FRAC] > 0 for r in records)  # rows reached the budget and were forced
     assert len(trained) == 4 * 2  # prompts_per_step 2
     # every prompt the stream handed out: trained, dropped or still held at the end, exactly once
     assert sorted(trained + dropped + held["now"]) == list(range(held["position"]))

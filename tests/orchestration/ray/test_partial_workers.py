@@ -112,7 +112,7 @@ def runs(ray_cluster, tmp_path_factory):
     r.model.path = str(ckpt)
     model, tok = load_policy(ckpt)
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    pool = RayRolloutPool(builder(ckpt), RaySection(rollout_workers=WORKERS, timeout_s=60))
+    pool = RayRolloutPool(builder(ckpt), RaySection(rollout_workers=WORKERS, timeout_s=120))
     try:
         spread = _step(r, RecordingCalls(pool), tok, base)
         got = _run(spread)
