@@ -5,7 +5,7 @@ Steps are 1-based throughout rltt: t* ∈ {1, …, T}.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ class ExitPolicy:
 
     kind: str = "final"
     value: float | int | None = None
+    text: str | None = field(default=None, compare=False, repr=False)  # the spec it was parsed from
 
     @classmethod
     def parse(cls, spec: "str | ExitPolicy", num_loops: int | None, field: str = "exit_policy") -> "ExitPolicy":
@@ -42,12 +43,12 @@ class ExitPolicy:
         if kind in ("final", "sample"):
             if arg:
                 raise ConfigError(f"{field}: exit policy {kind!r} takes no argument, got {text!r}")
-            return cls(kind).check(num_loops, field)
+            return cls(kind, None, str(spec)).check(num_loops, field)
         try:
             value = int(arg) if kind == "fixed" else float(arg)
         except ValueError:
             raise ConfigError(f"{field}: exit policy {text!r} needs a number after ':'") from None
-        return cls(kind, value).check(num_loops, field)
+        return cls(kind, value, str(spec)).check(num_loops, field)
 
     def check(self, num_loops: int | None, field: str = "exit_policy") -> "ExitPolicy":
         """``self`` when its step k / threshold q is in range for T = ``num_loops`` (None: T not
@@ -59,6 +60,9 @@ class ExitPolicy:
         return self
 
     def __str__(self) -> str:
+        """The spec as written where it was parsed (a recipe's, a flag's), else ``kind[:value]``."""
+        if self.text is not None:
+            return self.text
         return self.kind if self.value is None else f"{self.kind}:{self.value}"
 
     def choose(self, exit_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -39,6 +39,8 @@ def test_sampling_params_hold_the_parsed_policy_and_pickle():
     assert params.exit_policy == ExitPolicy("threshold", 0.5)
     back = pickle.loads(pickle.dumps(params))  # params travel to Ray workers
     assert back == params and isinstance(back.exit_policy, ExitPolicy)
+    one = SamplingParams(exit_policy="threshold:1").exit_policy  # shown (eval JSON, fingerprints) as written
+    assert one == ExitPolicy("threshold", 1.0) and str(one) == "threshold:1" and str(ExitPolicy("fixed", 2)) == "fixed:2"
     late = SamplingParams()
     late.exit_policy = "fixed:2"  # text set after the params were built: parsed when validated
     assert late.validate(4).exit_policy == ExitPolicy("fixed", 2)
