@@ -98,6 +98,7 @@ class ContinuedTurns(TurnSession):
         self.held: list[list[int]] = []  # each row's tokens in the executor: prompt, turns, answers
         self.released: set[int] = set()
         self.started = self.closed = False
+        self.pending = 0  # the session's pending entries after its last turn
 
     @torch.no_grad()
     def first(self) -> RolloutBatch:
@@ -171,6 +172,9 @@ class ContinuedTurns(TurnSession):
     def _batch(self, prompts, prompt_index, rows, run, params, replayable, start) -> RolloutBatch:
         """The batch of ``rows`` (session rows, in order) from ``run``; row i completes ``prompts[prompt_index[i]]``."""
         stats = run.stats
+        # pending entries are the session's state, not a turn's: each turn reports its change, so the
+        # episode's sum over turns is the session's pending work at its end
+        stats.entries_pending, self.pending = stats.entries_pending - self.pending, stats.entries_pending
         if len(rows) != self.num_rows:
             stats = replace(stats, row_passes=stats.row_passes[torch.tensor(rows, dtype=torch.long)])
         cfg = self.model.config

@@ -165,3 +165,25 @@ def test_a_continuation_that_does_not_extend_the_row_is_refused(fp32_model):
     with pytest.raises(RlttError, match="not a live row"):
         session.next([0], [seq + [11]], [3], call)
     sessions.close()
+
+
+def test_the_episode_counts_the_sessions_pending_work_once(fp32_model):
+    engine = NativeEngine(fp32_model)
+    episodes = _run(engine, "deferred")
+    # the turns' reports add up to what the scheduler holds pending at the end: replay the record's
+    # work and count the (token, step) entries it left uncomputed
+    ro = episodes.rollout
+    computed = {}
+    for record in ro.schedule.passes:
+        for r, s, e, step in record.work.tolist():
+            computed.setdefault((r, step), set()).update(range(s, e + 1))
+        if record.fork is not None:
+            for src, dst, n in record.fork.tolist():
+                for step in range(1, ro.num_loops + 1):
+                    computed.setdefault((dst, step), set()).update(range(n))
+    pending = 0
+    for r in range(ro.num_rows):
+        last = int(ro.prompt_lengths[r]) + int(ro.completion_lengths[r]) - 2  # the last decode position
+        for step in range(1, ro.num_loops + 1):
+            pending += sum(p not in computed.get((r, step), set()) for p in range(last + 1))
+    assert ro.stats.entries_pending == pending > 0
