@@ -149,6 +149,29 @@ def test_the_in_process_runner_catches_exceptions_the_same_way(model, clean):
     _assert_same(inline, isolated)
 
 
+class _UnpicklableState(FaultyEnv):
+    """Its episode on ``task`` has a state that does not pickle."""
+
+    def start(self, task):
+        state = super().start(task)
+        if task == self.task:
+            state["hook"] = lambda: None
+        return state
+
+
+def test_a_state_that_does_not_pickle_costs_its_episode_only(model, clean):
+    before, _, victim, raised = clean
+    env = _UnpicklableState(task=TASKS[victim])
+    pool = EnvPool(env, workers=1, timeout_s=5.0, memory_mb=256)
+    try:
+        batch = _run(model, env, TASKS, runner=pool)
+    finally:
+        pool.close()
+    assert set(batch.errors) == {victim} and "could not be sent back" in batch.errors[victim], batch.errors
+    assert pool.restarts == 0
+    _assert_same(raised["start"], batch)  # as if its start had raised
+
+
 class _Unpicklable(FaultyEnv):
     def __init__(self):
         super().__init__()
