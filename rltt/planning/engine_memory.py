@@ -3,7 +3,8 @@ keyed like ``rollout.engine``):
 
 - **native**: its own copy of the weights in the engine's dtype, unless it samples with the torch
   learner's own tensors (`NativeMemory.shares_model`), the concatenated q/k/v weights its model
-  keeps for decoding (``engine_fused``, `rltt.model.layers.FusedWeights`), and, per chunk of rows,
+  keeps for decoding (``engine_fused``, `rltt.model.layers.FusedWeights`), with CUDA graphs its
+  buckets' buffers and graph pool (``engine_graphs``, `rltt.planning.graph_memory`), and, per chunk of rows,
   the KV cache, state and workspace it preallocates (`rltt.planning.rollout_memory`); the plan picks
   the rows per chunk (``rollout.chunk_rows``) and frees them before the learner runs.
 - **vllm**: its share of the device — ``gpu_memory_utilization`` × device memory on a GPU,
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from rltt.errors import RlttError
 from rltt.planning import rollout_memory as rm
 from rltt.planning.chunking import largest_fitting_rows
+from rltt.planning.graph_memory import engine_graphs_bytes
 
 if TYPE_CHECKING:
     from rltt.planning.run_settings import RunSettings
@@ -68,7 +70,9 @@ class NativeMemory:
 
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
         return {"engine_copy": 0 if self.shares_model(s) else s.engine_bytes * shape.parameters,
-                "engine_fused": s.engine_bytes * shape.fused_parameters, "vllm": 0}
+                "engine_fused": s.engine_bytes * shape.fused_parameters,
+                "engine_graphs": engine_graphs_bytes(shape, s.engine_bytes, capture=True) if s.cuda_graphs else 0,
+                "vllm": 0}
 
     def note(self, shape: "ModelShape", s: "RunSettings") -> str | None:
         return None
@@ -122,7 +126,7 @@ class VllmMemory:
         return min(share, vllm_asleep_bytes(s)) if s.vllm_sleep else share
 
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
-        return {"engine_copy": 0, "engine_fused": 0, "vllm": self.held(shape, s, device_bytes)}
+        return {"engine_copy": 0, "engine_fused": 0, "engine_graphs": 0, "vllm": self.held(shape, s, device_bytes)}
 
     def rollout(self, shape: "ModelShape", s: "RunSettings", rows: int, device_bytes: int) -> dict[str, int]:
         woken = self.share(shape, s, device_bytes) - self.held(shape, s, device_bytes)  # mapped back to sample

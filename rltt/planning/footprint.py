@@ -14,6 +14,8 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
     engine_fused    native engine: b_engine·L·(q + 2·kv)·(d + [attention_bias]), the concatenated q/k/v
                     weights its model keeps for decoding (`rltt.model.layers.FusedWeights`), shared model
                     or not; 0 with a step-wise LoRA on q, k or v
+    engine_graphs   native engine with rollout.cuda_graphs (null: on with CUDA): every bucket's static buffers
+                    and the CUDA graphs' shared pool (`rltt.planning.graph_memory`); 0 without
     vllm            rollout.engine=vllm, what it holds through the learner phase: its share —
                     gpu_memory_utilization × device memory (GPU), kv_cache_gb + b_engine·P (CPU) —
                     or, asleep (rollout.vllm.sleep, on with CUDA), what sleep level 1 keeps
@@ -58,7 +60,7 @@ workspace: `rltt.planning.rollout_memory`. Phases::
     learner = resident + gradients + max(activations + logits_workspace + reduce_bucket,  (the LM head's backward)
                                          held + loop_gradients + reduce_bucket,            (loop T's backward done)
                                          step_workspace)                                   (the optimizer step)
-    resident = runtime + weights + reference + engine_copy + engine_fused + vllm + optimizer + master_weights
+    resident = runtime + weights + reference + engine_copy + engine_fused + engine_graphs + vllm + optimizer + master_weights
                + grad_buffers
 
 (held: the activations still held after loop T's backward, `rltt.planning.activations.held_after_last_loop`.)
@@ -79,7 +81,7 @@ from rltt.planning.shapes import ModelShape
 RUNTIME = {"cuda": GIB, "cpu": GIB // 2}  # the CUDA context and library workspaces, or the CPU process
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
-RESIDENT = ("runtime", "weights", "reference", "engine_copy", "engine_fused", "vllm", "optimizer", "master_weights",
+RESIDENT = ("runtime", "weights", "reference", "engine_copy", "engine_fused", "engine_graphs", "vllm", "optimizer", "master_weights",
             "grad_buffers")
 LEARNER = ("gradients", "reduce_bucket", "loop_gradients", "activations", "logits_workspace", "step_workspace")
 ORDER = RESIDENT + ROLLOUT + LEARNER
@@ -110,6 +112,7 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
         "reference": b * P if s.needs_reference else 0,
         "engine_copy": engine["engine_copy"],
         "engine_fused": engine["engine_fused"],
+        "engine_graphs": engine["engine_graphs"],
         "vllm": engine["vllm"],
         "optimizer": optimizer,
         "master_weights": master,

@@ -13,6 +13,7 @@ LABELS = {
     "reference": "reference model",
     "engine_copy": "engine copy of the weights",
     "engine_fused": "engine fused q/k/v weights",
+    "engine_graphs": "engine CUDA-graph buckets and pool",
     "vllm": "vLLM held in the update",
     "optimizer": "optimizer moments (AdamW)",
     "master_weights": "fp32 master weights",

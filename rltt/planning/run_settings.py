@@ -67,6 +67,7 @@ class RunSettings:
     vllm_sleep: bool = False  # rollout.vllm.sleep as the engine resolves it (null: on with CUDA, never on CPU)
     vllm_eager: bool = False  # rollout.vllm.enforce_eager as resolved (null: eager on CPU, CUDA graphs on GPU)
     vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
+    cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
 
     @classmethod
@@ -87,6 +88,7 @@ class RunSettings:
             vllm_sleep=(device == "cuda") if r.vllm.sleep is None else (bool(r.vllm.sleep) and device == "cuda"),
             vllm_eager=(device == "cpu") if r.vllm.enforce_eager is None else bool(r.vllm.enforce_eager),
             vllm_multiprocess=bool(r.vllm.multiprocess),
+            cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
             headroom=recipe.train.memory_headroom,
         )
 

@@ -302,3 +302,26 @@ def test_captured_passes_follow_weight_changes():
     got = engine.generate(prompts([4, 2]), params)
     assert not graphs & {id(g) for b in engine.buckets.buckets.values() for g in b.graphs.values()}
     assert _equal(_fields(got), _fields(NativeEngine(model).generate(prompts([4, 2]), params)))
+
+
+@pytest.mark.parametrize("engine,setting", [("native", None), ("native", False), ("vllm", None)])
+def test_the_plan_counts_the_graphs_buckets_and_pool(engine, setting):
+    from pathlib import Path
+
+    from rltt.orchestration.train_recipe import load_train_recipe
+    from rltt.planning import plan_run
+    from rltt.planning.graph_memory import engine_graphs_bytes
+    from rltt.planning.shapes import model_shape
+    from rltt.telemetry.schema import GIB
+    from tests.planning.helpers import OURO_1_4B
+
+    overrides = ["model.path=quickstart", f"rollout.engine={engine}", "model.dtype=bf16", "learner.dtype=bf16",
+                 "learner.backend=torch", "rollout.schedule=dense"]
+    if setting is not None:
+        overrides.append(f"rollout.cuda_graphs={str(setting).lower()}")
+    recipe = load_train_recipe(Path(__file__).resolve().parents[2] / "recipes" / "gsm8k.yaml", overrides)
+    expected = engine_graphs_bytes(model_shape(OURO_1_4B), 2, capture=True) if engine == "native" and setting is None \
+        else 0
+    assert plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda").components["engine_graphs"] == expected
+    assert plan_run(recipe, OURO_1_4B, 80 * GIB, device="cpu").components["engine_graphs"] == 0
+    assert engine != "native" or setting is not None or 0.1 * GIB < expected < 0.3 * GIB  # Ouro-1.4B, bf16
