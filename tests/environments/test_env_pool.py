@@ -172,6 +172,30 @@ def test_a_state_that_does_not_pickle_costs_its_episode_only(model, clean):
     _assert_same(raised["start"], batch)  # as if its start had raised
 
 
+class _OwnAnswer(FaultyEnv):
+    """Scores every turn, joined; raises on an episode of one turn (which its worker then reports)."""
+
+    def answer(self, turns):
+        if len(turns) == 1:
+            raise ValueError("one turn")
+        return "|".join(turns)
+
+
+def test_an_environments_own_answer_runs_isolated_too(model):
+    env = _OwnAnswer()
+    inline = _run(model, env, TASKS)
+    pool = EnvPool(env, workers=2, timeout_s=5.0, memory_mb=256)
+    try:
+        isolated = _run(model, env, TASKS, runner=pool)
+    finally:
+        pool.close()
+    one_turn = {r for r in range(len(TASKS)) if int(inline.turns[r]) == 1}
+    assert 0 < len(one_turn) < len(TASKS)
+    assert inline.errors == isolated.errors == {r: "ValueError: one turn" for r in one_turn}
+    assert all(inline.answers[r].count("|") == int(inline.turns[r]) - 1 for r in range(len(TASKS)) if r not in one_turn)
+    _assert_same(inline, isolated)
+
+
 class _Unpicklable(FaultyEnv):
     def __init__(self):
         super().__init__()
