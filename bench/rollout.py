@@ -9,6 +9,9 @@
     python bench/rollout.py --host-work --hidden 128 --layers 2 --batch-sizes 8 --new-tokens 24 --write
                                                  # … and the host work per pass (profiler counts,
                                                  # rltt.rollout.host_work) of dense and deferred
+    python bench/rollout.py --buckets --batch-sizes 1,8,32 --write
+                                                 # bucketed passes (rltt.rollout.buckets, run eagerly: the
+                                                 # CPU form of the CUDA-graph path) against today's passes
 
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
@@ -44,6 +47,16 @@ from rltt.rollout.host_work import rollout_host_work
 SECTION = "## Rollout engine (bench/rollout.py)"
 VLLM_SECTION = "### vLLM engine (`bench/rollout.py --engine vllm`)"
 HOST_SECTION = "### Host work per pass (`bench/rollout.py --host-work`)"
+BUCKET_SECTION = "### Bucketed passes (`bench/rollout.py --buckets`)"
+BUCKET_NOTES = """\
+Bucketed passes (`rltt.rollout.buckets`, docs/engine.md) pad a pass's items to a table of sizes so that a
+GPU can replay each bucket's pieces as CUDA graphs; on CPU the same bucketed code runs eagerly, which costs
+the padded rows' arithmetic and a few copies per pass and saves nothing (there is no launch cost to save).
+The columns: tokens per CPU second of the unbucketed and the bucketed engine in the same process (best of
+the repeats, interleaved), their ratio, the share of passes run through a bucket (padded, or already at a
+bucket size), and whether every output (tokens, exits, log-probs, gates, pass record) was bitwise equal
+(checked on every run).
+"""
 HOST_NOTES = """\
 Counted by `rltt.rollout.host_work.profile_host_work` (torch.profiler, CPU activity) over one
 `NativeEngine.generate` call after a warm-up, prefill included: *operators* are top-level `aten::`
@@ -225,6 +238,52 @@ def run_vllm(args) -> tuple[list[dict], str]:
     return rows, "\n".join(lines)
 
 
+def run_buckets(args) -> tuple[list[dict], str]:
+    """The unbucketed and the bucketed (eager) native engine on the same model and prompts, dense and
+    deferred with sampled exits: tokens per second, their ratio and bitwise equality of the outputs."""
+    from rltt.rollout.buckets import bucket_of
+
+    torch.set_num_threads(args.threads)
+    model = build_model(args)
+    plain, bucketed = NativeEngine(model), NativeEngine(model, buckets=True)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    rows = []
+    for bsz in args.batch_sizes:
+        gen = torch.Generator().manual_seed(bsz)
+        group = args.group if bsz % args.group == 0 else 1
+        distinct = torch.randint(1, args.vocab, (bsz // group, args.prompt_len), generator=gen).tolist()
+        for schedule in ("dense", "deferred"):
+            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.new_tokens, exit_policy="sample",
+                                    schedule=schedule, seed=1, ignore_eos=True, n=group)
+            bucketed.generate(distinct, params)  # warm-up (each bucket's buffers made once)
+            best, outs = {"plain": float("inf"), "bucketed": float("inf")}, {}
+            for _ in range(args.repeats):
+                for name, engine in (("plain", plain), ("bucketed", bucketed)):
+                    seconds, outs[name] = timed(lambda: engine.generate(distinct, params), clock)
+                    best[name] = min(best[name], seconds)
+            a, b = outs["plain"], outs["bucketed"]
+            same = all(torch.equal(x, y) for x, y in (
+                (a.completion_ids, b.completion_ids), (a.exit_steps, b.exit_steps), (a.logprobs, b.logprobs),
+                (a.tempered_logprobs, b.tempered_logprobs), (a.gate_probs.nan_to_num(-1), b.gate_probs.nan_to_num(-1))))
+            same = same and all(torch.equal(p.work, q.work) for p, q in zip(a.schedule.passes, b.schedule.passes))
+            padded = [bucket_of(int(p.entries())) for p in b.schedule.passes]
+            tokens = bsz * args.new_tokens
+            row = dict(batch=bsz, group=group, schedule=schedule, plain_tps=tokens / best["plain"],
+                       bucketed_tps=tokens / best["bucketed"], passes=len(padded),
+                       padded=sum(s is not None for s in padded) / max(1, len(padded)), same=same)
+            row["ratio"] = row["bucketed_tps"] / row["plain_tps"]
+            rows.append(row)
+            print(f"batch {bsz} {schedule}: unbucketed {row['plain_tps']:.1f} tok/s, bucketed {row['bucketed_tps']:.1f} "
+                  f"({row['ratio']:.2f}x), bucketed passes {row['padded']:.2f}, bitwise equal: {same}", flush=True)
+    lines = ["| batch (prompts × G) | schedule | unbucketed tok/s | bucketed tok/s | bucketed/unbucketed "
+             "| passes | share bucketed | bitwise equal |", "|---:|---|---:|---:|---:|---:|---:|:---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['schedule']} | "
+                     f"{r['plain_tps']:.1f} | {r['bucketed_tps']:.1f} | **{r['ratio']:.2f}×** | {r['passes']} | "
+                     f"{r['padded']:.2f} | {'yes' if r['same'] else 'no'} |")
+    return rows, "\n".join(lines)
+
+
 def host_table(rows: list[dict]) -> str:
     lines = ["| batch (prompts × G) | schedule | tok/s | passes | operators per (layer · pass) "
              "| launches per (layer · pass) | syncs per pass | host tensors per pass | made in a pass (uploaded) "
@@ -314,6 +373,9 @@ def main(argv=None) -> None:
     parser.add_argument("--host-work", action="store_true",
                         help="also profile one dense and one deferred call per batch size: operators per (layer · "
                              "pass) and syncs per pass (with --write: the ### Host work subsection, alone)")
+    parser.add_argument("--buckets", action="store_true",
+                        help="bucketed passes (run eagerly, as on CPU) against today's unbucketed passes, same "
+                             "process: tok/s, ratio, bitwise equality (with --write: the ### Bucketed passes subsection)")
     parser.add_argument("--write", action="store_true",
                         help="update bench/RESULTS.md: this section's text up to its first ### subsection "
                              "(with --engine vllm: the ### vLLM engine subsection); subsections are kept")
@@ -338,13 +400,18 @@ def main(argv=None) -> None:
         episodes_bench(args, build_model(args))
         print(f"total {time.perf_counter() - start:.0f} s")
         return
-    rows, md = run_vllm(args) if args.engine == "vllm" else run(args)
+    rows, md = run_vllm(args) if args.engine == "vllm" else run_buckets(args) if args.buckets else run(args)
     md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}; prompts of {args.prompt_len} "
           f"tokens, {args.new_tokens} new tokens per row; {args.threads} thread(s); throughput in tokens per "
           f"{'CPU' if args.clock == 'cpu' else 'wall-clock'} second, best of {args.repeats}.\n\n{md}")
     print(md)
     command = "python bench/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"total {time.perf_counter() - start:.0f} s")
+    if args.buckets:
+        if args.write:
+            write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n",
+                          append=args.append, heading=BUCKET_SECTION, notes=BUCKET_NOTES)
+        return
     if args.host_work and args.engine == "native":
         host = host_table(rows)
         print(host)
