@@ -124,11 +124,10 @@ def check_recipe(recipe) -> None:
 
 def partial_excludes(recipe) -> list[tuple[str, bool, str]]:
     """What a partial rollout cannot do yet: (recipe key, whether the recipe sets it, why). A thinking
-    budget it can: a row's tokens are counted across its segments (`partial_rows.Row.extend`)."""
+    budget it can (a row's tokens are counted across its segments, `partial_rows.Row.extend`), and
+    the KL in the reward (measured when a batch is formed, between updates)."""
     r = recipe
     return [
         ("algorithm.dynamic_sampling", r.algorithm.dynamic_sampling,
          "groups are taken as they complete; refills are per-step rollouts"),
-        ("algorithm.kl_in=reward", r.algorithm.kl_in == "reward" and r.algorithm.kl_coef > 0,
-         "the reward's KL penalty is measured by the learner while it updates"),
     ]

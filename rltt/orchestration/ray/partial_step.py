@@ -32,6 +32,7 @@ from dataclasses import replace
 
 import torch
 
+from rltt.learner import LearnerBatch
 from rltt.orchestration.groups import score_groups, score_rollout
 from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.ray import shards
@@ -198,8 +199,15 @@ class PartialStep(TrainingStep):
         rollout = shards.merge(parts, base, 0.0)
         tasks = [g.task for g in take]
         scored = score_rollout(rollout, tasks, self.decode, self.runner)
-        groups = score_groups(scored, algo.advantage_scale, None, None, base.prompt_seeds, estimator=algo.advantage,
-                              compute_cost=algo.compute_cost, compute_price=algo.compute_price)
+        batch = penalty = None
+        if algo.kl_in == "reward" and algo.kl_coef > 0:
+            # the KL in the reward: measured now, between updates, by the learner at the version its
+            # next update starts from (the rows' own versions are up to K older)
+            batch = LearnerBatch.from_rollout(rollout)
+            penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
+        groups = score_groups(scored, algo.advantage_scale, penalty, batch, base.prompt_seeds,
+                              estimator=algo.advantage, compute_cost=algo.compute_cost,
+                              compute_price=algo.compute_price)
         metrics = rollout_metrics(scored, groups, self.ranks, self.runner.names[0], self.thinking)
         batch = groups.batch
         keep = batch.target_mask

@@ -42,8 +42,7 @@ PARTIAL = ["orchestration.max_staleness=2", "orchestration.partial_rollouts=true
     (["orchestration.ray.learners=4", "learner.backend=deepspeed"], "orchestration.ray.learners"),  # 2 prompts
     (["orchestration.overlap=1", "algorithm.hybrid_logprob=false"], "orchestration.overlap"),
     (["orchestration.max_staleness=2", "algorithm.hybrid_logprob=false"], "orchestration.max_staleness"),
-    *[([*PARTIAL, *extra], "orchestration.partial_rollouts") for extra in (
-        ["algorithm.dynamic_sampling=true"], ["algorithm.kl_in=reward"])],
+    ([*PARTIAL, "algorithm.dynamic_sampling=true"], "orchestration.partial_rollouts"),
 ])
 def test_cross_section_checks(tmp_path, overrides, key):
     recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *overrides])
@@ -70,7 +69,8 @@ def test_max_staleness_and_its_alias(tmp_path, overrides, K):
 def test_partial_rollouts_settings(tmp_path):
     recipe = load_train_recipe(write_recipe(tmp_path), ["orchestration.backend=ray", *PARTIAL,
                                                         "orchestration.partial_segment_tokens=8",
-                                                        "rollout.thinking.budget=4"])
-    check_recipe(recipe)  # a thinking budget is counted across a row's segments
+                                                        "rollout.thinking.budget=4", "algorithm.kl_in=reward"])
+    check_recipe(recipe)  # a thinking budget is counted across a row's segments, the reward's KL between updates
+    assert recipe.algorithm.kl_coef > 0
     o = recipe.orchestration
     assert o.partial_rollouts and o.partial_segment_tokens == 8 and o.staleness == 2

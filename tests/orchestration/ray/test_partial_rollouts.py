@@ -373,3 +373,43 @@ def test_the_forced_answer_rule_across_segments(close, positions, want):
         assert bool(row.gates[:, 4:].isnan().all()) and row.nbytes() == len(row) * (45 + 4 * LOOPS)
     else:
         assert row.ids == a + b and not any(forced)
+
+
+class KLLearner(FakeLearner):
+    """`FakeLearner` with a sequence KL: 0.1 · (row + 1) per row, recording when it was asked."""
+
+    def __init__(self, segments: int):
+        super().__init__(segments)
+        self.asked = []  # (learner version, whether an update was in flight, rows)
+
+    def sequence_kl(self, batch):
+        self.asked.append((self.version, self._left is not None, batch.size))
+        return 0.1 * (torch.arange(batch.size, dtype=torch.float32) + 1)
+
+
+def test_the_kl_in_the_reward_is_measured_between_updates(runner):
+    from rltt.objectives.advantages import group_advantages
+
+    r = recipe(2, 4, max_new=12)
+    r.algorithm.kl_in, r.algorithm.kl_coef = "reward", 0.5
+    step = make_step(r, runner, segments=1, learner=KLLearner(1))
+    formed = []
+    scored = step._scored
+
+    def recording(take):
+        groups, metrics = scored(take)
+        formed.append(groups)
+        return groups, metrics
+
+    step._scored = recording
+    run(step, 1, 4)
+    G = r.rollout.group_size
+    assert [(v, busy) for v, busy, _ in step.learner.asked] == [(v, False) for v, _ in step.learner.batches]
+    for groups, (_, batch) in zip(formed, step.learner.batches):
+        penalty = 0.5 * 0.1 * (torch.arange(groups.rewards.numel(), dtype=torch.float32) + 1)
+        want = group_advantages(groups.rewards.float() - penalty, G, r.algorithm.advantage_scale,
+                                estimator=r.algorithm.advantage).advantages.float()
+        assert torch.equal(batch.advantages, want)
+        plain = group_advantages(groups.rewards.float(), G, r.algorithm.advantage_scale,
+                                 estimator=r.algorithm.advantage).advantages.float()
+        assert not torch.equal(batch.advantages, plain)  # the penalty changed them
