@@ -4,7 +4,7 @@
 whole prompts (`NativeEngine.chunks`), one at a time. A session's `PassExecutor` is made once, for
 its rows' longest prompt plus the episode's completion budget, and kept until the session closes:
 
-- **the first turn** is the chunk's ordinary rollout (`rltt.rollout.native.open_chunk` and
+- **the first turn** is the chunk's ordinary rollout (`rltt.rollout.chunk_decode.open_chunk` and
   `decode_chunk`: shared prefill, passes, exits), with the keys the whole call gives its rows;
 - **a later turn** of row r appends what came after the token it sampled last (the environment's
   answer) to the row's tokens and resumes its scheduler row (`Scheduler.resume`): the appended
@@ -37,7 +37,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.rollout.buckets import attach
 from rltt.rollout.completions import completion_batch
-from rltt.rollout.native import ChunkState, check_prompts, decode_chunk, open_chunk
+from rltt.rollout.chunk_decode import ChunkState, check_prompts, decode_chunk, open_chunk
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, Schedule
 from rltt.rollout.sampler import RowRandom
