@@ -42,8 +42,8 @@ FAULTS = {"raise": _raise, "hang": _hang, "exit": _exit, "sigkill": _sigkill, "s
 
 
 class FaultyEnv(ScriptedEnv):
-    """`ScriptedEnv`, but its ``at`` call (``start`` or ``step``) of an episode on ``task`` runs the
-    fault ``fault`` (a key of `FAULTS`) instead."""
+    """`ScriptedEnv`, but its ``at`` call (``start`` or ``step``) of an episode on ``task`` (a data
+    row's id, or the task itself) runs the fault ``fault`` (a key of `FAULTS`) instead."""
 
     name = "faulty"
 
@@ -52,12 +52,12 @@ class FaultyEnv(ScriptedEnv):
         self.fault, self.task, self.at = fault, task, at
 
     def start(self, task):
-        if self.fault is not None and self.at == "start" and task == self.task:
+        if self.fault is not None and self.at == "start" and getattr(task, "id", task) == self.task:
             FAULTS[self.fault]()
         return super().start(task)
 
     def step(self, state, turn):
-        if self.fault is not None and self.at == "step" and state["task"] == self.task:
+        if self.fault is not None and self.at == "step" and getattr(state["task"], "id", state["task"]) == self.task:
             FAULTS[self.fault]()
         return super().step(state, turn)
 

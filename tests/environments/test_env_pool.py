@@ -136,6 +136,34 @@ def test_a_faulting_environment_call_costs_its_episode_only(model, clean, fault,
         pool.close()
 
 
+def test_a_killed_environment_scores_0_and_counts_once_in_env_errors(model, clean):
+    """Through the step's scoring and metrics: the episode whose worker was killed scores 0 under a
+    reward that gives every other row 1, and the rollout logs env/errors = 1."""
+    from types import SimpleNamespace
+
+    from rltt.data.rewards import RewardRunner, WeightedReward
+    from rltt.orchestration.groups import sample_scored
+    from rltt.orchestration.prompt_stream import Task
+    from rltt.orchestration.step import rollout_metrics
+    from rltt.runtime.distributed import Ranks
+    from rltt.telemetry import schema as m
+
+    _, _, victim, _ = clean
+    env = FaultyEnv("sigkill", TASKS[victim])
+    tasks = [Task(t, t, ids, "1") for t, ids in zip(TASKS, prompts([4, 6, 3, 5, 4], seed=2))]
+    episodes = EpisodeRunner(env, encode, decode, 4, 30, EnvPool(env, workers=2, timeout_s=5.0, memory_mb=256))
+    params = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=6, n=1, prompt_seeds=[5, 17, 23, 29, 31],
+                            stop_token_ids=[5, 6, 7, 8, 10], exit_policy="sample", schedule="deferred")
+    runner = RewardRunner([WeightedReward("one", lambda completion, answer, **kw: 1.0)])
+    try:
+        scored = sample_scored(NativeEngine(model), tasks, params, decode, runner, episodes)
+    finally:
+        episodes.close()
+    assert scored.rewards.tolist() == [0.0 if r == victim else 1.0 for r in range(len(TASKS))]
+    groups = SimpleNamespace(uniform=torch.ones(len(TASKS), dtype=torch.bool), num_groups=len(TASKS), compute=None)
+    assert rollout_metrics(scored, groups, Ranks(), "one")[m.ENV_ERRORS] == 1
+
+
 def test_the_in_process_runner_catches_exceptions_the_same_way(model, clean):
     _, _, victim, _ = clean
     env = FaultyEnv("raise", TASKS[victim])
