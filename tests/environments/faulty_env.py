@@ -1,6 +1,7 @@
 """Environments for the isolation tests: a scripted environment that faults on one task (it raises,
 hangs, exits, is killed, segfaults or allocates without bound), and a small text vocabulary in
-which a tiny random model writes calculator annotations and tool calls often."""
+which a tiny random model writes calculator annotations and tool calls often. Kept apart from the
+tests (and torch-free): a worker process imports this module to unpickle the environment."""
 
 import ctypes
 import os
@@ -60,6 +61,25 @@ class FaultyEnv(ScriptedEnv):
         if self.fault is not None and self.at == "step" and getattr(state["task"], "id", state["task"]) == self.task:
             FAULTS[self.fault]()
         return super().step(state, turn)
+
+
+class UnpicklableState(FaultyEnv):
+    """Its episode on ``task`` has a state that does not pickle."""
+
+    def start(self, task):
+        state = super().start(task)
+        if task == self.task:
+            state["hook"] = lambda: None
+        return state
+
+
+class OwnAnswer(FaultyEnv):
+    """Scores every turn, joined; raises on an episode of one turn."""
+
+    def answer(self, turns):
+        if len(turns) == 1:
+            raise ValueError("one turn")
+        return "|".join(turns)
 
 
 class Vocabulary:

@@ -19,7 +19,7 @@ from rltt.rollout import NativeEngine, SamplingParams
 
 from tests.rollout.helpers import prompts, tiny_model
 
-from .faulty_env import ANNOTATIONS, TOOL_CALLS, FaultyEnv
+from .faulty_env import ANNOTATIONS, TOOL_CALLS, FaultyEnv, OwnAnswer, UnpicklableState
 from .helpers import decode, encode
 from .test_environments import RECIPES
 
@@ -177,19 +177,9 @@ def test_the_in_process_runner_catches_exceptions_the_same_way(model, clean):
     _assert_same(inline, isolated)
 
 
-class _UnpicklableState(FaultyEnv):
-    """Its episode on ``task`` has a state that does not pickle."""
-
-    def start(self, task):
-        state = super().start(task)
-        if task == self.task:
-            state["hook"] = lambda: None
-        return state
-
-
 def test_a_state_that_does_not_pickle_costs_its_episode_only(model, clean):
     before, _, victim, raised = clean
-    env = _UnpicklableState(task=TASKS[victim])
+    env = UnpicklableState(task=TASKS[victim])
     pool = EnvPool(env, workers=1, timeout_s=5.0, memory_mb=256)
     try:
         batch = _run(model, env, TASKS, runner=pool)
@@ -200,17 +190,8 @@ def test_a_state_that_does_not_pickle_costs_its_episode_only(model, clean):
     _assert_same(raised["start"], batch)  # as if its start had raised
 
 
-class _OwnAnswer(FaultyEnv):
-    """Scores every turn, joined; raises on an episode of one turn (which its worker then reports)."""
-
-    def answer(self, turns):
-        if len(turns) == 1:
-            raise ValueError("one turn")
-        return "|".join(turns)
-
-
 def test_an_environments_own_answer_runs_isolated_too(model):
-    env = _OwnAnswer()
+    env = OwnAnswer()
     inline = _run(model, env, TASKS)
     pool = EnvPool(env, workers=2, timeout_s=5.0, memory_mb=256)
     try:
