@@ -2,7 +2,7 @@
 
 Device command (one H200 with the image's torch 2.11.0+cu130, triton 3.6.0 and transformers
 5.17.0, from the repository root, after ``bash bench/gpu_bundle.sh`` here: the device tool carries
-``.gpu_bundle``, the DeepSpeed wheels the image lacks; the section budgets sum to 525 s without
+``.gpu_bundle``, the DeepSpeed wheels the image lacks; the section budgets sum to 550 s without
 vLLM's, whose section records "absent" in a second on the image, so it finishes within 9 minutes;
 run-tool timeout 590 s; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
 
@@ -29,7 +29,10 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   gate's weight zeroed and its bias set so that E[t*] = 2.5 under the ``sample`` exit policy:
   native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
   tokens, sampled exits), native final-exit decoding vs transformers' ``generate()`` at batch
-  32, and ``replay_logprobs`` bitwise against a sampled deferred rollout;
+  32, ``replay_logprobs`` bitwise against a sampled deferred rollout, and the native engine with
+  ``rollout.cuda_graphs`` on and off at batch 32 (host work per pass — operators per layer-pass,
+  syncs and reads per pass —, tokens/s, replay bitwise with the graphs, the buckets' and graph
+  pool's bytes against the plan; on CPU "on" is the same bucketed passes run eagerly);
 - ``learner``: one RL learner step (packed scoring, backward, AdamW) on that model, after a
   warm-up step: tokens per second and peak memory;
 - ``plan``: `rltt plan`'s rollout and learner phase peaks (less its runtime component) against
@@ -107,6 +110,7 @@ class Shapes:
     prompt_len: int
     generate_batch: int
     replay_batch: int
+    graphs_batch: int  # rows of the CUDA graphs on/off comparison (>= 4: passes of fewer items are not bucketed)
     learner: dict  # prompts, group, prompt_len, completion_len, micro
     plan: dict  # prompts, group, prompt_len, new_tokens, micro: the train-like step of the plan section
     smoke: dict
@@ -114,13 +118,14 @@ class Shapes:
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            budgets=dict(imports=15, kernels=80, rollouts=100, learner=30, plan=35, deepspeed=220, vllm=150,
+            budgets=dict(imports=15, kernels=80, rollouts=125, learner=30, plan=35, deepspeed=220, vllm=150,
                          smoke=45),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
             model=OURO_1_4B, batches=[1, 8, 32, 256], new_tokens=128, prompt_len=32, generate_batch=32,
-            replay_batch=8, learner=dict(prompts=8, group=8, prompt_len=128, completion_len=384, micro=8),
+            replay_batch=8, graphs_batch=32,
+            learner=dict(prompts=8, group=8, prompt_len=128, completion_len=384, micro=8),
             plan=dict(prompts=4, group=8, prompt_len=64, new_tokens=128, micro=8),
             smoke=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=32,
                        micro=16, dtype="bf16", threads=0))
@@ -134,7 +139,7 @@ class Shapes:
                          smoke=90),
             kernel_checks=[(3, 7, 24, 101, 1.0, False), (2, 6, 16, 70, 0.7, True)],
             kernel_times=[(2, 8, 16, 128), (2, 4, 16, 128)], kernel_reps=1,
-            model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2,
+            model=small, batches=[1, 2], new_tokens=3, prompt_len=4, generate_batch=2, replay_batch=2, graphs_batch=4,
             learner=dict(prompts=1, group=2, prompt_len=4, completion_len=4, micro=2),
             plan=dict(prompts=2, group=2, prompt_len=6, new_tokens=4, micro=2),
             smoke=dict(hidden=16, layers=1, heads=2, prompts=1, group=2, new_tokens=4, eval_size=2,
@@ -592,6 +597,7 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
     vocab = model.config.vocab_size
     base = model_setting(model)
     sec.add("model_build_s", round(build_s, 2), "s", base)
+    base += "; rollout.cuda_graphs null (on with CUDA, off on CPU) unless stated"
     engine = NativeEngine(model)
 
     def prompts(bsz, seed):
@@ -618,6 +624,9 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
         sec.add("replay.bitwise_equal", bool(equal), "", setting)
         sec.add("replay.max_abs_diff", float((got - want).abs().max()), "nats", setting)
         sec.add("replay.seconds", round(t_replay, 3), "s", setting)
+
+    with sec.step("CUDA graphs on and off"):
+        cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base)
 
     gb = s.generate_batch
     setting = (f"{base}; batch {gb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy, final exits "
@@ -675,6 +684,75 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
                     for key, value in work.summary().items():
                         sec.add(f"rollout.b{bsz}.{schedule}.{key}", round(value, 3), "", setting)
             del dense, deferred
+
+
+def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str) -> None:
+    """The native engine with its bucketed passes replayed as CUDA graphs (on CPU: the same bucketed passes
+    run eagerly, `NativeEngine(buckets=True)`) and without: host work per pass (rltt.rollout.host_work:
+    operators per (layer · pass), syncs and reads per pass), tokens/s, whether the outputs agree, replay
+    of the graphs' rollout bitwise, and the bytes the buckets and the graph pool keep against the plan."""
+    import torch
+
+    from rltt.planning.graph_memory import engine_graphs_bytes
+    from rltt.planning.shapes import ModelShape
+    from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
+    from rltt.rollout.host_work import rollout_host_work
+
+    bsz, new_tokens = ids.shape[0], max(3, ctx.shapes.new_tokens // 4)
+    on_label = "CUDA graphs" if ctx.cuda else "bucketed passes run eagerly (no CUDA)"
+    setting = (f"{base}; batch {bsz}, prompt {ids.shape[1]}, {new_tokens} new tokens, greedy tokens, sampled exits; "
+               f"on = {on_label}, off = unbucketed passes; one timed run each after a warm-up")
+    off = NativeEngine(model, cuda_graphs=False)
+    if ctx.cuda:  # the reserved bytes: the graphs' private pool keeps blocks its tensors freed
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved() if ctx.cuda else 0
+    on = NativeEngine(model, cuda_graphs=True) if ctx.cuda else NativeEngine(model, buckets=True)
+
+    def params(schedule, tokens=new_tokens, temperature=0.0, seed=1):
+        return SamplingParams(temperature=temperature, max_new_tokens=tokens, exit_policy="sample",
+                              schedule=schedule, seed=seed, ignore_eos=True)
+
+    outs, times = {}, {}
+    for schedule in ("dense", "deferred"):
+        for name, engine in (("on", on), ("off", off)):
+            engine.generate(ids.tolist(), params(schedule))  # warm-up (on: captures the buckets it meets)
+            t, outs[schedule, name] = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
+            times[schedule, name] = t
+            sec.add(f"graphs.{schedule}.{name}.tok_s", round(bsz * new_tokens / t, 2), "tok/s", setting)
+            _, work = rollout_host_work(engine, ids.tolist(), params(schedule), warmup=False)
+            summary = work.summary()
+            for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass"):
+                sec.add(f"graphs.{schedule}.{name}.{key}", round(summary[key], 3), "", setting)
+        sec.add(f"graphs.{schedule}.on/off", ratio(times[schedule, "off"], times[schedule, "on"]), "x",
+                setting + "; tokens/s on over off")
+        a, b = outs[schedule, "on"], outs[schedule, "off"]
+        sec.add(f"graphs.{schedule}.same_tokens_and_exits",
+                bool(torch.equal(a.completion_ids.cpu(), b.completion_ids.cpu())
+                     and torch.equal(a.exit_steps.cpu(), b.exit_steps.cpu())), "",
+                setting + "; bitwise equal on CPU by construction, a wider GEMM may round otherwise on a GPU")
+    sec.add("graphs.replayed_passes", on.buckets.replays, "passes", setting)
+    sec.add("graphs.eager_bucketed_passes", on.buckets.eager, "passes", setting)
+    sampled = on.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
+    replayed = replay_logprobs(model, sampled)  # follows the engine that sampled: the same graphs
+    sec.add("graphs.replay_bitwise_equal", bool(torch.equal(replayed.logprobs.cpu(), sampled.logprobs.cpu())
+                                                and torch.equal(replayed.exit_logprobs.cpu(), sampled.exit_logprobs.cpu())),
+            "", setting + "; a sampled deferred rollout with the graphs, replay_logprobs against it")
+    shape = ModelShape.of(model.config)
+    dtype_bytes = model.lm_head.weight.element_size()
+    sizes = sorted(on.buckets.buckets)
+    planned = engine_graphs_bytes(shape, dtype_bytes, capture=ctx.cuda, sizes=sizes)
+    if ctx.cuda:
+        del outs, sampled, replayed
+        torch.cuda.empty_cache()
+    measured = (torch.cuda.memory_reserved() - before) if ctx.cuda else on.buckets.nbytes()
+    note = (f"{setting}; the buckets met ({sizes}): planned buffers (+ graph pool with CUDA) against "
+            f"{'memory_reserved after the runs less before the engine, cache emptied' if ctx.cuda else 'their bytes'}")
+    sec.add("graphs.planned_gib", round(planned / GIB, 4), "GiB", note)
+    sec.add("graphs.measured_gib", round(measured / GIB, 4), "GiB", note)
+    sec.add("graphs.planned/measured", ratio(planned, measured), "x", note)
+    from rltt.rollout.buckets import attach
+
+    attach(model, None)
 
 
 # -- learner -------------------------------------------------------------------------------------------

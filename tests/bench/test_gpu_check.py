@@ -72,7 +72,12 @@ EXPECTED = {
        ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "host_tensors_per_pass", "passes")]
     + [f"generate.b2.{k}" for k in ("native_final_tok_s", "hf_generate_tok_s", "native/generate",
                                     "identical_rows_frac")]
-    + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"],
+    + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"]
+    + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in  # rollout.cuda_graphs
+       ("tok_s", "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass")]
+    + [f"graphs.{s}.{k}" for s in ("dense", "deferred") for k in ("on/off", "same_tokens_and_exits")]
+    + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "replay_bitwise_equal", "planned_gib",
+                               "measured_gib", "planned/measured")],
     "learner": ["first_step_s", "step_s", "scored_tokens_per_s", "packed_tokens_per_s", "peak_memory_gib",
                 "loss_finite"],
     "plan": [f"plan.ckpt_{mode}.{k}" for mode in ("off", "on") for k in
@@ -124,6 +129,11 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     assert values["check.all_ok"] is True
     assert values["replay.bitwise_equal"] is True and values["replay.max_abs_diff"] == 0
     assert values["rollout.b2.same_tokens_and_exits"] is True  # fp32 accumulation on CPU: same function
+    # rollout.cuda_graphs: on CPU the bucketed passes run eagerly, bit for bit; their buffers are the plan's
+    assert values["graphs.dense.same_tokens_and_exits"] is True and values["graphs.deferred.same_tokens_and_exits"]
+    assert values["graphs.replay_bitwise_equal"] is True and values["graphs.eager_bucketed_passes"] > 0
+    assert values["graphs.replayed_passes"] == 0 and values["graphs.planned/measured"] == 1.0
+    assert values["graphs.deferred.on.syncs_per_pass"] == 0 and values["graphs.dense.off.operators_per_layer_pass"] > 0
     assert values["modules_failed"] == 0 and values["heavy_modules_loaded"] == 0
     assert values["steps_logged"] == 5 and values["checkpoint_written"] is True
     assert values["loss_finite"] is True
