@@ -325,3 +325,23 @@ def test_the_plan_counts_the_graphs_buckets_and_pool(engine, setting):
     assert plan_run(recipe, OURO_1_4B, 80 * GIB, device="cuda").components["engine_graphs"] == expected
     assert plan_run(recipe, OURO_1_4B, 80 * GIB, device="cpu").components["engine_graphs"] == 0
     assert engine != "native" or setting is not None or 0.1 * GIB < expected < 0.3 * GIB  # Ouro-1.4B, bf16
+
+
+@pytest.mark.parametrize("schedule,policy,stops", [("dense", "sample", []), ("deferred", "threshold:0.6", [3, 8]),
+                                                   ("deferred", "final", [])])
+def test_bucketed_passes_add_no_sync_read_or_upload(schedule, policy, stops):
+    """Host work per pass (rltt.rollout.host_work) of the bucketed passes: no operator that syncs, and the
+    same device reads and host-made tensors per pass as the unbucketed passes (the buffers are filled by
+    device copies)."""
+    from rltt.rollout.host_work import rollout_host_work
+
+    model = tiny_model()
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, n=3, seed=5, exit_policy=policy, schedule=schedule,
+                            stop_token_ids=stops)
+    works = {}
+    for bucketed in (False, True):
+        engine = NativeEngine(model, buckets=bucketed)
+        _, works[bucketed] = rollout_host_work(engine, prompts([3, 7]), params)
+    assert engine.buckets.eager > 0 and works[True].syncs == 0, works[True].sync_sites
+    for key in ("pass_reads", "pass_made", "pass_uploads"):
+        assert getattr(works[True], key) == getattr(works[False], key), key
