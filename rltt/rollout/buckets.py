@@ -191,7 +191,12 @@ class PassBuckets:
             return h[:n], carry[:n, 0]
         captured = b.graphs.get(kind)
         if captured is None:
-            captured = b.graphs[kind] = self._capture(b, step_arg)
+            try:
+                captured = b.graphs[kind] = self._capture(b, step_arg)
+            except Exception as e:  # an operator the graphs cannot hold: say which switch avoids them
+                raise RlttError(f"CUDA-graph capture of a {size}-item pass failed ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]}); rollout.cuda_graphs: false runs the passes "
+                                f"without graphs") from e
         pieces = captured.pieces
         for layer, piece in enumerate(pieces[:-1]):
             piece.replay()
@@ -236,7 +241,11 @@ class PassBuckets:
             self._forward(b, step_arg, skip)  # warm-up: kernels and library handles made outside capture
             graphs.warmed()
             graphs.begin(graph)
-            h, carry = self._forward(b, step_arg, cut)
+            try:
+                h, carry = self._forward(b, step_arg, cut)
+            except BaseException:
+                graphs.end(graph)  # leave the stream out of capture mode
+                raise
             graphs.end(graph)
             pieces.append(graph)
         return _Captured(pieces, h, carry)

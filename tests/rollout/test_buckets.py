@@ -345,3 +345,14 @@ def test_bucketed_passes_add_no_sync_read_or_upload(schedule, policy, stops):
     assert engine.buckets.eager > 0 and works[True].syncs == 0, works[True].sync_sites
     for key in ("pass_reads", "pass_made", "pass_uploads"):
         assert getattr(works[True], key) == getattr(works[False], key), key
+
+
+def test_a_failed_capture_is_a_one_line_error_naming_the_switch(monkeypatch):
+    from .graph_emulator import EmulatedGraphs
+
+    model = tiny_model()
+    engine = _captured_engine(model)
+    monkeypatch.setattr(EmulatedGraphs, "warmed", lambda self: (_ for _ in ()).throw(RuntimeError("not capturable\nx")))
+    with pytest.raises(RlttError, match=r"capture of a \d+-item pass failed \(RuntimeError: not capturable x\); "
+                                        r"rollout.cuda_graphs: false"):
+        engine.generate(prompts([4, 5]), SamplingParams(temperature=0, max_new_tokens=2, n=2))
