@@ -1,5 +1,8 @@
 """Rollout memory of the native engine for one chunk of R rows (`rltt.rollout.executor.PassExecutor`),
-S = prompt + completion positions per row, b = bytes of the engine's dtype::
+S = prompt + completion positions per row, b = bytes of the engine's dtype. With a multi-turn
+environment the completion is the episode (``env.max_tokens``, `run_settings.completion_width`):
+the engine keeps a chunk's executor across the turns of its episodes (`rltt.rollout.continuation`),
+one chunk at a time, so these terms are what it holds between turns too::
 
     rollout_kv        = R · S · T·L · 2 · Hkv · D · b        (StepKVCache: keys and values of every slot)
     rollout_state     = R · S · (d·b + 4·T + 8 + 12 + 32)    (per-token carry, gates λ_t, token ids; the
