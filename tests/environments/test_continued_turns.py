@@ -123,10 +123,27 @@ def test_continued_and_resubmitted_turns_sample_the_same_episode(fp32_model, sch
     first_a, first_b = continued.turns_record[0].batch, resubmitted.turns_record[0].batch
     for name in ("completion_ids", "logprobs", "tempered_logprobs", "exit_logprobs"):
         assert torch.equal(getattr(first_a, name), getattr(first_b, name)), name
-    # the same serial passes (a turn's prefill rides on its first token's passes either way), but
-    # the continued rows never recompute their history
+    # no two rows share a history here: the same serial passes (a turn's prefill rides on its first
+    # token's passes either way), but the continued rows never recompute their history
     assert a.stats.passes == b.stats.passes
     assert a.stats.entries_computed < b.stats.entries_computed
+
+
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+def test_rows_sharing_a_history_take_no_shared_prefill_when_continued(fp32_model, schedule):
+    """Greedy tokens and exits: a prompt's two rows are the same episode. Re-submitted, their equal
+    histories are prefilled once for both (`shared_prefill`): T serial passes before the turn's
+    first token, in every later call that holds such a pair; continued, no pass is added."""
+    kw = dict(temperature=0.0, exit_policy="threshold:0.5")
+    continued = _run(NativeEngine(fp32_model), schedule, **kw)
+    resubmitted = _run(ResubmittingEngine(fp32_model), schedule, **kw)
+    a, b = continued.rollout, resubmitted.rollout
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    shared_calls = sum(len({tuple(p) for p in record.batch.prompts}) < record.batch.num_rows
+                       for record in resubmitted.turns_record[1:])
+    assert shared_calls > 0
+    assert b.stats.passes - a.stats.passes == a.num_loops * shared_calls
+    assert b.stats.passes_per_token > a.stats.passes_per_token
 
 
 def test_the_kv_held_across_turns_is_the_plans_rollout_kv(fp32_model):
