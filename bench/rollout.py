@@ -241,11 +241,14 @@ def run_vllm(args) -> tuple[list[dict], str]:
 def run_buckets(args) -> tuple[list[dict], str]:
     """The unbucketed and the bucketed (eager) native engine on the same model and prompts, dense and
     deferred with sampled exits: tokens per second, their ratio and bitwise equality of the outputs."""
-    from rltt.rollout.buckets import bucket_of
+    from rltt.rollout.buckets import PassBuckets, bucket_of
+    from rltt.rollout.graph_emulation import EmulatedGraphs
 
     torch.set_num_threads(args.threads)
     model = build_model(args)
     plain, bucketed = NativeEngine(model), NativeEngine(model, buckets=True)
+    captured = NativeEngine(model)  # the capture path under CPU-emulated CUDA-graph semantics (host work only)
+    captured.buckets = PassBuckets(model, capture=True, graphs=EmulatedGraphs())
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []
     for bsz in args.batch_sizes:
@@ -272,6 +275,8 @@ def run_buckets(args) -> tuple[list[dict], str]:
                        bucketed_tps=tokens / best["bucketed"], passes=len(padded),
                        padded=sum(s is not None for s in padded) / max(1, len(padded)), same=same)
             row["ratio"] = row["bucketed_tps"] / row["plain_tps"]
+            if args.host_work:
+                row.update(bucket_host_work(model, distinct, params, plain, bucketed, captured, a))
             rows.append(row)
             print(f"batch {bsz} {schedule}: unbucketed {row['plain_tps']:.1f} tok/s, bucketed {row['bucketed_tps']:.1f} "
                   f"({row['ratio']:.2f}x), bucketed passes {row['padded']:.2f}, bitwise equal: {same}", flush=True)
@@ -281,7 +286,38 @@ def run_buckets(args) -> tuple[list[dict], str]:
         lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['schedule']} | "
                      f"{r['plain_tps']:.1f} | {r['bucketed_tps']:.1f} | **{r['ratio']:.2f}×** | {r['passes']} | "
                      f"{r['padded']:.2f} | {'yes' if r['same'] else 'no'} |")
+    if args.host_work:
+        lines += ["", "| batch (prompts × G) | schedule | operators per (layer · pass): unbucketed | bucketed, eager "
+                      "| with graphs (emulated) | syncs per pass: unbucketed / with graphs | emulated capture bitwise equal |",
+                  "|---:|---|---:|---:|---:|---:|:---:|"]
+        for r in rows:
+            lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['schedule']} | "
+                         f"{r['ops_plain']:.1f} | {r['ops_bucketed']:.1f} | **{r['ops_graphs']:.1f}** | "
+                         f"{r['syncs_plain']:.2f} / {r['syncs_graphs']:.2f} | {'yes' if r['same_graphs'] else 'no'} |")
     return rows, "\n".join(lines)
+
+
+def bucket_host_work(model, prompts, params, plain, bucketed, captured, reference) -> dict:
+    """Operators per (layer · pass) of one call each (rltt.rollout.host_work, after a warm-up): unbucketed,
+    bucketed run eagerly, and the capture path under CPU-emulated CUDA-graph semantics, counted as a GPU
+    host would dispatch them — the profile's operators less those the emulated replays issued, plus one
+    launch per replayed piece (`rltt.rollout.graph_emulation`)."""
+    layers = model.config.num_hidden_layers
+    out = {}
+    for name, engine in (("plain", plain), ("bucketed", bucketed), ("graphs", captured)):
+        got = engine.generate(prompts, params)  # warm-up: the graphs are captured here
+        if name == "graphs":
+            out["same_graphs"] = bool(torch.equal(got.logprobs, reference.logprobs)
+                                      and torch.equal(got.completion_ids, reference.completion_ids))
+            graphs = engine.buckets.graphs
+            dispatched, launches = graphs.dispatched, graphs.launches
+        _, work = rollout_host_work(engine, prompts, params, warmup=False)
+        operators = work.operators
+        if name == "graphs":
+            operators += -(graphs.dispatched - dispatched) + (graphs.launches - launches)
+        out[f"ops_{name}"] = operators / max(1, work.passes * layers)
+        out[f"syncs_{name}"] = work.per_pass(work.syncs)
+    return out
 
 
 def host_table(rows: list[dict]) -> str:
@@ -372,7 +408,8 @@ def main(argv=None) -> None:
     parser.add_argument("--kv-cache-gb", type=float, default=1, help="with --engine vllm: CPU KV cache space (GiB)")
     parser.add_argument("--host-work", action="store_true",
                         help="also profile one dense and one deferred call per batch size: operators per (layer · "
-                             "pass) and syncs per pass (with --write: the ### Host work subsection, alone)")
+                             "pass) and syncs per pass (with --write: the ### Host work subsection, alone; with "
+                             "--buckets: unbucketed, bucketed and with CUDA graphs emulated on CPU)")
     parser.add_argument("--buckets", action="store_true",
                         help="bucketed passes (run eagerly, as on CPU) against today's unbucketed passes, same "
                              "process: tok/s, ratio, bitwise equality (with --write: the ### Bucketed passes subsection)")

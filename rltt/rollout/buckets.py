@@ -107,7 +107,7 @@ class PassBuckets:
     """The bucketed passes of one model on its device (shared by every executor of that model:
     rollouts and replays). ``capture``: CUDA graphs (CUDA only); else the same pieces run eagerly.
     ``graphs``: the capture backend (default `CudaGraphs`; tests pass a CPU emulation of its
-    semantics, tests/rollout/graph_emulator.py)."""
+    semantics, rltt/rollout/graph_emulation.py)."""
 
     def __init__(self, model, capture: bool, table: tuple[int, ...] = BUCKETS, graphs=None):
         param = model.lm_head.weight

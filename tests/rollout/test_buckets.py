@@ -207,9 +207,9 @@ def test_the_recipe_key_reaches_the_engine():
     assert default.rollout.cuda_graphs is None and make_engine(default.rollout, tiny_model()).buckets is None
 
 
-# -- the capture path, on CPU: CUDA-graph semantics emulated (tests/rollout/graph_emulator.py) --------
+# -- the capture path, on CPU: CUDA-graph semantics emulated (rltt/rollout/graph_emulation.py) --------
 def _captured_engine(model, **kwargs):
-    from .graph_emulator import EmulatedGraphs
+    from rltt.rollout.graph_emulation import EmulatedGraphs
 
     engine = NativeEngine(model, **kwargs)
     engine.buckets = PassBuckets(model, capture=True, graphs=EmulatedGraphs())
@@ -217,7 +217,7 @@ def _captured_engine(model, **kwargs):
 
 
 def test_the_emulator_replays_captured_addresses():
-    from .graph_emulator import EmulatedGraphs
+    from rltt.rollout.graph_emulation import EmulatedGraphs
 
     graphs, x = EmulatedGraphs(), torch.arange(4.0)
     outside = torch.ones(4)
@@ -348,7 +348,7 @@ def test_bucketed_passes_add_no_sync_read_or_upload(schedule, policy, stops):
 
 
 def test_a_failed_capture_is_a_one_line_error_naming_the_switch(monkeypatch):
-    from .graph_emulator import EmulatedGraphs
+    from rltt.rollout.graph_emulation import EmulatedGraphs
 
     model = tiny_model()
     engine = _captured_engine(model)

@@ -1,5 +1,6 @@
 """A CPU emulation of CUDA-graph capture semantics, to test `rltt.rollout.buckets`' capture path
-without a GPU.
+without a GPU (tests/rollout/test_buckets.py) and to estimate the host work it leaves
+(bench/rollout.py --buckets --host-work).
 
 `RecordedGraph` records every aten operator dispatched between ``begin`` and ``end`` (a
 `TorchDispatchMode`) with the very tensors it read and wrote; ``replay`` calls the operators again
@@ -8,6 +9,11 @@ graph does: the same kernels on the same addresses, no Python, no shape or value
 captured piece that read a value computed outside the graph's static buffers (a tensor made per
 pass, a Python number baked in at capture) replays the stale capture-time value here as on a GPU.
 The caching allocator's pool is not modelled.
+
+`EmulatedGraphs.dispatched` counts the operator calls the replays issued (the recorded operators and
+the copies into the captured outputs) and ``launches`` the replays: a profile's top-level operators
+less ``dispatched`` plus ``launches`` is what the host would dispatch with real graphs (one launch per
+replayed piece).
 """
 
 from __future__ import annotations
@@ -36,20 +42,27 @@ def _storages(tree) -> set:
 
 
 class RecordedGraph:
-    def __init__(self):
+    def __init__(self, owner: "EmulatedGraphs | None" = None):
         self.ops: list = []
         self.mode: _Recorder | None = None
         self.replays = 0
+        self.owner = owner
 
     def replay(self) -> None:
+        calls = 0
         for func, args, kwargs, out in self.ops:
             fresh = func(*args, **kwargs)
+            calls += 1
             inputs = _storages((args, kwargs))
             for old, new in zip(tree_flatten(out)[0], tree_flatten(fresh)[0]):
                 # views and in-place results alias an input: already where the capture left them
                 if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() not in inputs:
                     old.copy_(new)
+                    calls += 1
         self.replays += 1
+        if self.owner is not None:
+            self.owner.dispatched += calls
+            self.owner.launches += 1
 
 
 class EmulatedGraphs:
@@ -57,9 +70,11 @@ class EmulatedGraphs:
 
     def __init__(self):
         self.made: list[RecordedGraph] = []
+        self.dispatched = 0
+        self.launches = 0
 
     def graph(self) -> RecordedGraph:
-        graph = RecordedGraph()
+        graph = RecordedGraph(self)
         self.made.append(graph)
         return graph
 
