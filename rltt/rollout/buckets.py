@@ -198,9 +198,10 @@ class PassBuckets:
                                 f"{' '.join(str(e).split())[:200]}); rollout.cuda_graphs: false runs the passes "
                                 f"without graphs") from e
         pieces = captured.pieces
+        q, k, v, out = b.q[:n], b.k[:n], b.v[:n], b.attn_out[:n]  # the real items' rows, every layer's
         for layer, piece in enumerate(pieces[:-1]):
             piece.replay()
-            b.attn_out[:n].copy_(attend(b.q[:n], b.k[:n], b.v[:n], layer))
+            out.copy_(attend(q, k, v, layer))
         pieces[-1].replay()
         self.replays += 1
         return captured.h[:n], captured.carry[:n, 0]
