@@ -2,8 +2,7 @@
 
 A pass runs the shared block over its N items (decode tokens and pending entries of its rows). Its
 attention reads a KV cache whose layout changes every pass (key lengths, groups, slots); everything
-else — the layers' norms, projections, RoPE, MLPs, the final norm and the exit gate — depends only
-on N. So the pass is cut at its attention calls (docs/engine.md, "Bucketed passes"):
+else — the layers' norms, projections, RoPE, MLPs and the final norm — depends only on N. So the pass is cut at its attention calls (docs/engine.md, "Bucketed passes"):
 
 - N is padded to a *bucket* (`BUCKETS`, the smallest entry >= N). Each bucket owns static buffers
   (`_Bucket`): the items' embeddings, carries, RoPE rows and steps, and the attention output. The
@@ -24,8 +23,9 @@ on N. So the pass is cut at its attention calls (docs/engine.md, "Bucketed passe
 
 Exactness: the bucketed and the unbucketed pass compute the same values bit for bit on CPU (fp32
 and bf16). On a GPU a wider GEMM may run another kernel, so there the bucketed rollout equals the
-bucketed replay (both use the same buckets: `replay_logprobs` follows the engine that uses the
-model), which is what the learner's ratio needs, not the unbucketed engine's bits.
+bucketed replay (both use the same buckets: `replay_logprobs` follows the engine that last sampled
+with the model), which is what replay's exactness needs, not the unbucketed engine's bits (the
+learner's ratio is anchored on the rollout's own log-probs either way).
 
 What a graph reads by address: the bucket's buffers, the model's parameters and the fused q/k/v
 copies (`rltt.model.layers.FusedWeights`). `PassBuckets.prepare` (every executor, so every
