@@ -2,6 +2,9 @@
 
     python bench/rollout.py --episodes                 # the default shape below (a few minutes on 2 loaded cores)
     python bench/rollout.py --episodes --prompt-len 128 --turn-tokens 16
+    python bench/episode_turns.py train RECIPE [key=value ...]
+                        # `rltt train` with the native engine re-submitting histories instead of
+                        # continuing rows (compare its metrics with the same `rltt train` command)
 
 `bench/rollout.py --episodes` runs `rltt.orchestration.episodes.run_episodes` with the same random
 model as the rest of bench/rollout.py (d=512, L=4, T=4, V=4096 unless told otherwise; exit gate set
@@ -25,14 +28,18 @@ rounding difference flips a token (checked and printed).
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from rltt.environments import EnvReply, Environment
-from rltt.orchestration.episodes import run_episodes
-from rltt.rollout import NativeEngine, SamplingParams
-from rltt.rollout.turns import ResubmitTurns
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rltt.environments import EnvReply, Environment  # noqa: E402
+from rltt.orchestration.episodes import run_episodes  # noqa: E402
+from rltt.rollout import NativeEngine, SamplingParams  # noqa: E402
+from rltt.rollout.turns import ResubmitTurns  # noqa: E402
 
 SECTION = "### Multi-turn: continued rows vs re-submitted history (`bench/rollout.py --episodes`)"
 
@@ -117,3 +124,17 @@ def episodes_bench(args, model) -> str:
     text = "\n".join(lines)
     print(text, flush=True)
     return text
+
+
+def resubmitting_cli(argv: list[str]) -> int:
+    """`rltt` (``argv``: its arguments) with `NativeEngine.open_turns` replaced by every engine's
+    default, `ResubmitTurns`: the same runs with each later turn re-submitted as a new prompt."""
+    from rltt.cli.main import main
+
+    NativeEngine.open_turns = _Resubmitting.open_turns
+    sys.argv = ["rltt", *argv]
+    return main()
+
+
+if __name__ == "__main__":  # guarded: worker processes started from a forkserver import this file
+    sys.exit(resubmitting_cli(sys.argv[1:]))
