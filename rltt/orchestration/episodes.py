@@ -20,9 +20,9 @@ with its neighbours), so the learner, scoring the whole episode as one sequence,
 tokens the sampler drew in the context they were drawn in.
 
 Limits: ``max_turns`` model turns; ``max_tokens`` completion tokens (model and environment
-together). A turn is sampled with the longest budget left among its rows and a row's tokens past
-its own budget are cut off afterwards — the kept tokens are a prefix of what was sampled, with
-their own records. An episode ends *truncated* (finish reason ``length``) when a turn stops at
+together). Each row's turn has its own budget left: continued rows stop at it; a re-submitting
+call samples with the longest among its rows and a row's tokens past its own budget are cut off
+afterwards — the kept tokens are a prefix of what was sampled, with their own records. An episode ends *truncated* (finish reason ``length``) when a turn stops at
 a length cap, its budget leaves no room for the environment's answer and one more token, or the
 last allowed turn still called a tool. A crash of the environment (an exception out of
 ``start``/``step``, or with an isolating ``env_runner`` a call that hangs or ends its worker
