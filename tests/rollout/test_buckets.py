@@ -356,3 +356,18 @@ def test_a_failed_capture_is_a_one_line_error_naming_the_switch(monkeypatch):
     with pytest.raises(RlttError, match=r"capture of a \d+-item pass failed \(RuntimeError: not capturable x\); "
                                         r"rollout.cuda_graphs: false"):
         engine.generate(prompts([4, 5]), SamplingParams(temperature=0, max_new_tokens=2, n=2))
+
+
+@pytest.mark.parametrize("schedule", ["dense", "deferred"])
+def test_a_wider_model_where_row_counts_change_fp32_kernels(schedule):
+    """At d = 256 a CPU fp32 GEMM's row values depend on the batch's row class (1, 2-3, >= 4): padding a
+    pass of 1-3 items would change bits here (checked by hand: with `SMALLEST` = 1 five of six of these
+    rollouts differ). With passes of 1-3 items left unpadded and larger ones padded, all are equal."""
+    model = tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    padded = 0
+    for sizes, n in (([3, 5], 1), ([2, 6, 3], 1), ([1, 2, 3, 4, 5], 1), ([4, 4], 3)):
+        params = SamplingParams(temperature=1.0, max_new_tokens=6, n=n, seed=5, exit_policy="sample",
+                                schedule=schedule)
+        batch, _ = _compare(model, sizes, params)
+        padded += sum(SMALLEST <= p.entries() and p.entries() not in BUCKETS for p in batch.schedule.passes)
+    assert padded > 0
