@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -95,6 +96,9 @@ class StopSignals:
         self.in_step = self.committed = False
         self.expired = False
         self._previous: dict[int, object] = {}
+        # while the grace timer is armed: the SIGALRM handler and ITIMER_REAL it displaced (an alarm of
+        # the caller's, e.g. a time budget around the whole run), and when; restored on disarming
+        self._outer_alarm: tuple | None = None
 
     @property
     def requested(self) -> bool:
@@ -106,13 +110,12 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-            self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
         _active.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        self._disarm()
         if self._previous:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
             self._previous = {}
@@ -131,8 +134,7 @@ class StopSignals:
         finally:
             self.committed = True
             self.in_step = False
-            if self._previous:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+            self._disarm()
 
     # -- handlers ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -156,7 +158,22 @@ class StopSignals:
         if self.grace_s <= 0:
             self._expire()
         elif self._previous:
+            if self._outer_alarm is None:
+                handler = signal.signal(signal.SIGALRM, self._on_alarm)
+                self._outer_alarm = (handler, signal.getitimer(signal.ITIMER_REAL), time.monotonic())
             signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+
+    def _disarm(self) -> None:
+        """Stop the grace timer, if armed, and give back the SIGALRM handler and the timer it displaced
+        (less the time that passed), so a caller's own alarm still fires."""
+        if self._outer_alarm is None:
+            return
+        handler, (remaining, interval), armed_at = self._outer_alarm
+        self._outer_alarm = None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if remaining > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(remaining - (time.monotonic() - armed_at), 1e-3), interval)
 
     def _on_alarm(self, signum, frame) -> None:
         self._expire()

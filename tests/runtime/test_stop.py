@@ -86,3 +86,51 @@ def test_a_second_signal_exits_at_once():
     assert proc.returncode == -signal.SIGTERM and "not reached" not in proc.stdout
     assert "second signal (SIGTERM): exiting now" in proc.stderr
     assert time.monotonic() - start < 20
+
+
+class _OuterAlarm(Exception):
+    pass
+
+
+def _outer_alarm(signum, frame):
+    raise _OuterAlarm
+
+
+def test_a_callers_alarm_keeps_running_through_steps():
+    """A time budget set around the whole loop (SIGALRM with ITIMER_REAL, as bench/gpu_check.py's
+    sections do) still fires: the loop's steps do not cancel it when no stop was asked for."""
+    previous = signal.signal(signal.SIGALRM, _outer_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        start = time.monotonic()
+        with pytest.raises(_OuterAlarm):
+            with StopSignals(5.0, "test") as stop:
+                for _ in range(100):
+                    with stop.step():
+                        _busy(0.02)
+        assert time.monotonic() - start < 1.5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_callers_alarm_is_given_back_after_the_grace_timer():
+    """A stop signal arms the grace timer over the caller's alarm; the step's end gives the caller's
+    handler and its remaining time back."""
+    previous = signal.signal(signal.SIGALRM, _outer_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        start = time.monotonic()
+        with StopSignals(5.0, "test") as stop:
+            with stop.step():
+                os.kill(os.getpid(), signal.SIGTERM)
+                _busy(0.05)
+                assert signal.getsignal(signal.SIGALRM) != _outer_alarm  # the grace timer holds it
+            assert signal.getsignal(signal.SIGALRM) is _outer_alarm
+            assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 1.0
+            with pytest.raises(_OuterAlarm):
+                _busy(3)
+        assert 0.8 < time.monotonic() - start < 2.5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
