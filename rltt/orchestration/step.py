@@ -87,6 +87,7 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
     env = getattr(scored, "env", None)  # multi-turn episodes: per-row counts, summed over every rank's rows
     if env is not None:
         local.update({f"episodes:{k}": int(v.sum()) for k, v in env.items()})
+        local["episodes:tool_use"] = int((env["tool_calls"] > 0).sum())  # episodes that called a tool at all
     sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
             "exit_hist", "positive", *(k for k in local if k.startswith(("think/", "err/", "episodes:"))))
     t = ranks.reduce(local, {k: "max" if k == "seconds" else "sum" if k in sums else "concat" for k in local})
@@ -117,6 +118,7 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         episodes = rewards.numel()
         out.update({m.ENV_TURNS_MEAN: t["episodes:turns"] / episodes,
                     m.ENV_TOOL_CALLS_MEAN: t["episodes:tool_calls"] / episodes,
+                    m.ENV_TOOL_USE_FRAC: t["episodes:tool_use"] / episodes,
                     m.ENV_TOOL_ERRORS: t["episodes:tool_errors"], m.ENV_TRUNCATED_FRAC: t["episodes:truncated"] / episodes,
                     m.ENV_REWARD_MEAN: float(rewards.mean()), m.ENV_ERRORS: t["episodes:errors"]})
     for name in scored.per_fn:

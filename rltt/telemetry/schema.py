@@ -102,6 +102,7 @@ ROLLOUT_REFILLS = "rollout/refills"
 # multi-turn episodes (env.name set; docs/environments.md)
 ENV_TURNS_MEAN = "env/turns_mean"
 ENV_TOOL_CALLS_MEAN = "env/tool_calls_mean"
+ENV_TOOL_USE_FRAC = "env/tool_use_frac"
 ENV_TOOL_ERRORS = "env/tool_errors"
 ENV_TRUNCATED_FRAC = "env/truncated_frac"
 ENV_REWARD_MEAN = "env/reward_mean"
@@ -352,6 +353,7 @@ METRICS: tuple[MetricSpec, ...] = (
     # multi-turn episodes (RL with env.name set)
     MetricSpec(ENV_TURNS_MEAN, "model turns per episode of the step's first rollout, mean over episodes", "turns"),
     MetricSpec(ENV_TOOL_CALLS_MEAN, "tool calls per episode, mean over the step's episodes", "calls"),
+    MetricSpec(ENV_TOOL_USE_FRAC, "fraction of the step's episodes that called a tool at least once", "fraction"),
     MetricSpec(ENV_TOOL_ERRORS, "tool calls of the step's episodes that failed (timeout, limit, exception, "
                "unknown tool; answered with the error, the episode goes on)", "count"),
     MetricSpec(ENV_TRUNCATED_FRAC, "fraction of episodes cut by env.max_turns, env.max_tokens or a turn's "

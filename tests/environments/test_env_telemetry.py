@@ -32,6 +32,7 @@ def test_env_metrics_of_known_episodes():
     metrics = rollout_metrics(*_scored(env), Ranks(), "gsm8k.strict")
     assert metrics[m.ENV_TURNS_MEAN] == pytest.approx(10 / 4)
     assert metrics[m.ENV_TOOL_CALLS_MEAN] == pytest.approx(7 / 4)
+    assert metrics[m.ENV_TOOL_USE_FRAC] == pytest.approx(3 / 4)  # episodes with at least one call
     assert metrics[m.ENV_TOOL_ERRORS] == 3 and metrics[m.ENV_ERRORS] == 1
     assert metrics[m.ENV_TRUNCATED_FRAC] == pytest.approx(0.25) and metrics[m.ENV_REWARD_MEAN] == pytest.approx(0.5)
     assert metrics[m.COMPUTE_MEAN_EXIT] == pytest.approx(16 / 8)  # model tokens only
