@@ -24,8 +24,18 @@ each step's final norm recomputed in fp32 (`rltt.model.modeling.LoopedModel.fina
     per scored    += T·(4 − b)·d     (the gathered h_t in fp32)
 
 The attention output needs no copy (SDPA returns it in the (B, S, H, D) layout the output
-projection reads). The RMSNorm term is the composite one (CPU, and every bf16 norm); CUDA's fused
-fp32 ``rms_norm`` saves less (4·w + 4·rows), so fp32 on a GPU is slightly over-counted.
+projection reads). The RMSNorm term above is the composite one (the CPU). On CUDA ``F.rms_norm``
+is one fused operator (``_fused_rms_norm``) that saves its input and rstd, not the fp32 upcast, so
+the plan counts (``fused_norm``, on with ``model.device: cuda``)::
+
+    norm_cuda(w, rows) = b·w + 4·rows + b·w·[b < 4]   # input, rstd; a 16-bit norm's weight product
+                                                       # saves its input too (the weight multiplies
+                                                       # after the cast, `rltt.model.layers.RMSNorm`)
+
+At Ouro-1.4B's shape (4 norms a layer) the composite term over-counted the bf16 activations by
+2·d bytes per norm call, 3.7 GiB of a micro-batch of 4 rows × (512 + 512) tokens: the H200 run of
+2026-12-04 (bench/gpu_check_deepspeed.py, card80) measured 4.0 GiB less than planned. The fp32 LM
+head's recomputed final norm (below) keeps the composite term on CUDA too: an upper bound there.
 
 **Activation checkpointing** (``learner.activation_checkpointing``, one checkpoint per (loop,
 layer)): each of the T·L layer calls keeps only its input hidden state, and the backward
@@ -90,15 +100,19 @@ from rltt.kernels._common import default_chunk_size
 from rltt.planning.shapes import ModelShape
 
 
-def norm_bytes(width: int, rows: int, b: int) -> int:
-    """Saved by one RMSNorm over ``width`` features in ``rows`` rows (per position)."""
+def norm_bytes(width: int, rows: int, b: int, fused: bool = False) -> int:
+    """Saved by one RMSNorm over ``width`` features in ``rows`` rows (per position); ``fused``:
+    CUDA's ``_fused_rms_norm`` (module docstring), else the composite operations."""
+    if fused:  # its input and rstd, and (16-bit: weight applied after the cast) the weight product's input
+        return b * width * (1 + (b < 4)) + 4 * rows
     return 4 * width + b * width + 4 * rows
 
 
-def attention_bytes(shape: ModelShape, b: int) -> int:
+def attention_bytes(shape: ModelShape, b: int, fused_norm: bool = False) -> int:
     saved = b * shape.hidden + b * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.heads
     if shape.qk_norm:
-        saved += norm_bytes(shape.q_dim, shape.heads, b) + norm_bytes(shape.kv_dim, shape.kv_heads, b)
+        saved += (norm_bytes(shape.q_dim, shape.heads, b, fused_norm)
+                  + norm_bytes(shape.kv_dim, shape.kv_heads, b, fused_norm))
     if shape.lora_rank:
         saved += b * shape.lora_rank * sum(t in shape.lora_targets for t in ("q_proj", "k_proj", "v_proj", "o_proj"))
     return saved
@@ -111,22 +125,24 @@ def mlp_bytes(shape: ModelShape, b: int) -> int:
     return saved
 
 
-def layer_bytes(shape: ModelShape, b: int) -> int:
+def layer_bytes(shape: ModelShape, b: int, fused_norm: bool = False) -> int:
     """Saved per position by one call of one decoder layer."""
-    return shape.norms_per_layer * norm_bytes(shape.hidden, 1, b) + attention_bytes(shape, b) + mlp_bytes(shape, b)
+    return (shape.norms_per_layer * norm_bytes(shape.hidden, 1, b, fused_norm) + attention_bytes(shape, b, fused_norm)
+            + mlp_bytes(shape, b))
 
 
-def _step(shape: ModelShape, b: int, checkpointing: bool) -> int:
+def _step(shape: ModelShape, b: int, checkpointing: bool, fused_norm: bool = False) -> int:
     """Saved per position by one loop step (its L layer calls and the final norm)."""
-    block = shape.layers * (b * shape.hidden if checkpointing else layer_bytes(shape, b))
-    return block + norm_bytes(shape.hidden, 1, b) * shape.final_norm
+    block = shape.layers * (b * shape.hidden if checkpointing else layer_bytes(shape, b, fused_norm))
+    return block + norm_bytes(shape.hidden, 1, b, fused_norm) * shape.final_norm
 
 
-def _per_position(shape: ModelShape, b: int, checkpointing: bool, fp32_readout: bool = False) -> int:
+def _per_position(shape: ModelShape, b: int, checkpointing: bool, fp32_readout: bool = False,
+                  fused_norm: bool = False) -> int:
     d, T = shape.hidden, shape.loops
     injected = b * d * (T - 1) * shape.injection
-    readout = T * (8 * d + 4) if fp32_readout and b < 4 else 0
-    return T * _step(shape, b, checkpointing) + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1 + readout
+    readout = T * (8 * d + 4) if fp32_readout and b < 4 else 0  # composite fp32 norm: an upper bound on CUDA
+    return T * _step(shape, b, checkpointing, fused_norm) + injected + T * (b * d + 4) + 8 + 2 * shape.head_dim * b + 1 + readout
 
 
 def _per_scored(shape: ModelShape, b: int, fp32_readout: bool = False) -> int:
@@ -143,33 +159,34 @@ def packed_attention_extra(shape: ModelShape, b: int, positions: int, key_positi
 
 
 def activation_bytes(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
-                     key_positions: int | None = None, fp32_readout: bool = False) -> int:
+                     key_positions: int | None = None, fp32_readout: bool = False, fused_norm: bool = False) -> int:
     """Bytes autograd keeps at its peak for a forward over ``positions`` positions, ``scored`` of
     them scored (see the module docstring); with ``checkpointing`` the first layer recompute
     included, less what the backward released before it. ``key_positions``: packed scoring, the
     keys its attention gathers per layer call (None: the padded forward). ``fp32_readout``: an fp32
-    LM head on a 16-bit learner."""
+    LM head on a 16-bit learner. ``fused_norm``: CUDA's fused RMSNorm (`norm_bytes`)."""
     extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
     per_scored = _per_scored(shape, b, fp32_readout)
-    total = positions * _per_position(shape, b, checkpointing, fp32_readout) + scored * per_scored
+    total = positions * _per_position(shape, b, checkpointing, fp32_readout, fused_norm) + scored * per_scored
     if checkpointing:
-        released = scored * per_scored + positions * norm_bytes(shape.hidden, 1, b) * shape.final_norm
-        total += max(0, positions * layer_bytes(shape, b) + extra - released)
+        released = scored * per_scored + positions * norm_bytes(shape.hidden, 1, b, fused_norm) * shape.final_norm
+        total += max(0, positions * layer_bytes(shape, b, fused_norm) + extra - released)
     else:
         total += shape.loops * shape.layers * extra
     return total
 
 
 def held_after_last_loop(shape: ModelShape, b: int, positions: int, scored: int, checkpointing: bool = False,
-                         key_positions: int | None = None, fp32_readout: bool = False) -> int:
+                         key_positions: int | None = None, fp32_readout: bool = False,
+                         fused_norm: bool = False) -> int:
     """Activation bytes still held when the backward has gone through loop T (module docstring):
     what the loop-summed gradient buffers of the shared block add to."""
     extra = 0 if key_positions is None else packed_attention_extra(shape, b, positions, key_positions)
-    last_step = _step(shape, b, checkpointing) + b * shape.hidden * shape.injection * (shape.loops > 1)
+    last_step = _step(shape, b, checkpointing, fused_norm) + b * shape.hidden * shape.injection * (shape.loops > 1)
     per_scored = scored * _per_scored(shape, b, fp32_readout)
-    forward = positions * _per_position(shape, b, checkpointing, fp32_readout) + per_scored
+    forward = positions * _per_position(shape, b, checkpointing, fp32_readout, fused_norm) + per_scored
     if checkpointing:
-        return forward - per_scored - positions * last_step + positions * layer_bytes(shape, b) + extra
+        return forward - per_scored - positions * last_step + positions * layer_bytes(shape, b, fused_norm) + extra
     return forward + shape.loops * shape.layers * extra - per_scored - positions * last_step - shape.layers * extra
 
 

@@ -46,12 +46,20 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
                     tensor it is handed — DeepSpeed ZeRO ≥ 1 hands it one flat fp32 partition, 8·part) +
                     16-bit ZeRO-3's flattened fp32 copy of its gradient partitions (4·part) or fp32
                     ZeRO ≥ 1's fp32 gradient partition (4·part)
-    runtime         CUDA context and library workspaces (1 GiB) or the CPU process (0.5 GiB)
+    runtime         CUDA context, NCCL and cuBLAS workspaces (1.3 GiB: measured on an H200, `RUNTIME`) or the
+                    CPU process (0.5 GiB)
 
-Every other figure is allocated bytes (what ``torch.cuda.memory_allocated`` counts). What the
-caching allocator reserves beyond them (fragmentation, cached free blocks) and untracked library
-buffers are not modelled: the plan leaves ``train.memory_headroom`` of each device free for them
-(`RunSettings.budget_bytes`), and a phase fits when it is at most the rest.
+Every other figure is allocated bytes (what ``torch.cuda.memory_allocated`` counts), in the steady
+state: AdamW creates its moments (``optimizer``) at its first step, so the first rollout and the
+first update's backward hold 8·part less than planned (on the H200 run of 2026-12-04 the plan less
+those moments was within 0.5 % of the allocated peaks of both). What the caching allocator reserves
+beyond allocated bytes (fragmentation, cached free blocks) and untracked library buffers are not
+modelled: the plan leaves ``train.memory_headroom`` of each device free for them
+(`RunSettings.budget_bytes`), and a phase fits when it is at most the rest. That share is not
+always enough with PyTorch's fixed-size segments: on the same run the learner at micro-batch 4
+reserved 28 GiB above its allocated peak (11 GiB at micro-batch 16 with checkpointing), more than
+the 0.1 headroom of an 80 GB card; rltt turns on expandable segments for that
+(`rltt.runtime.allocator`), not yet measured.
 
 Activations and the log-prob workspace: `rltt.planning.activations`; rollout KV, state and
 workspace: `rltt.planning.rollout_memory`. Phases::
@@ -78,7 +86,10 @@ from rltt.planning.engine_memory import GIB, ROLLOUT, engine_memory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 
-RUNTIME = {"cuda": GIB, "cpu": GIB // 2}  # the CUDA context and library workspaces, or the CPU process
+#: what a process holds outside the allocator: on CUDA the context, NCCL and cuBLAS workspaces — measured
+#: 1.293 GiB on an H200 with torch 2.11 + CUDA 13 and an NCCL group (bench/gpu_check_deepspeed.py, card80,
+#: 2026-12-04), other GPUs and CUDA versions not measured; on the CPU the process itself (0.5 GiB)
+RUNTIME = {"cuda": int(1.3 * GIB), "cpu": GIB // 2}
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 
 RESIDENT = ("runtime", "weights", "reference", "engine_copy", "engine_fused", "engine_graphs", "vllm", "optimizer", "master_weights",
@@ -166,7 +177,7 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
         "reduce_bucket": reduce_bucket,
         "loop_gradients": b * shared if shape.loops > 1 else 0,
         "activations": act.activation_bytes(shape, b, positions, scored, s.checkpointing, key_positions=keys,
-                                            fp32_readout=s.fp32_head),
+                                            fp32_readout=s.fp32_head, fused_norm=s.device == "cuda"),
         "logits_workspace": act.logits_workspace_bytes(shape, b, b, positions, scored, impl,
                                                        kept_bytes=s.engine_bytes if s.truncates else 4),
         "step_workspace": step_grads + foreach,
@@ -182,7 +193,7 @@ def held_activations(shape: ModelShape, s: RunSettings) -> int:
     """The activations still held when the backward has gone through the last loop step."""
     positions, scored, keys = s.learner_positions()
     return act.held_after_last_loop(shape, s.train_bytes, positions, scored, s.checkpointing, key_positions=keys,
-                                    fp32_readout=s.fp32_head)
+                                    fp32_readout=s.fp32_head, fused_norm=s.device == "cuda")
 
 
 def phases(components: dict[str, int], held: int | None = None) -> dict[str, int]:

@@ -27,7 +27,7 @@ def test_gsm8k_ouro_at_80_gib_needs_checkpointing_or_smaller_micro_batches():
     assert plan.parameters == 1_434_652_673 and plan.kv_bytes_per_token == 786_432
     assert all(plan.components[k] > 0 for k in REQUIRED)
     assert not plan.fits
-    assert plan.phases["learner"] > 80 * GIB >= plan.phases["rollout"]
+    assert plan.phases["learner"] > plan.budget_bytes >= plan.phases["rollout"]
     assert "learner.activation_checkpointing=true" in plan.problem and "learner.micro_batch_size=" in plan.problem
     assert "\n" not in plan.problem
     # the rollout KV of the chosen chunk, by hand: rows x (512 prompt + 512 new) x 786,432 bytes
@@ -106,7 +106,8 @@ def test_sleeping_vllm_holds_only_what_sleep_keeps_in_the_learner_phase():
 def test_headroom_is_left_free_and_chunk_sizing_fills_the_rest():
     default = plan_run(gsm8k(), OURO_1_4B, 80 * GIB, device="cuda")
     assert default.headroom == 0.10 and default.budget_bytes == int(0.9 * 80 * GIB)
-    assert default.components["runtime"] == GIB  # the CUDA context alone: no reserve hidden in a component
+    # the CUDA context, NCCL and cuBLAS as measured on an H200 (1.293 GiB): no reserve hidden in a component
+    assert default.components["runtime"] == int(1.3 * GIB)
     for headroom in ("0", "0.1", "0.25"):
         plan = plan_run(gsm8k(f"train.memory_headroom={headroom}"), OURO_1_4B, 80 * GIB, device="cuda")
         rows = plan.rollout_rows_per_chunk
