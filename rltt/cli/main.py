@@ -28,6 +28,7 @@ COMMANDS = {
 
 
 from rltt.errors import RlttError
+from rltt.runtime.allocator import configure as configure_allocator
 from rltt.runtime.stop import EXIT_STOPPED, Stopped
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_allocator()  # before anything initialises CUDA: expandable segments unless the user chose
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -24,7 +24,8 @@ from rltt.orchestration.ray.orchestration_section import RaySection
 
 #: forwarded to every actor when set in the driver
 FORWARDED_ENV = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "HF_HOME",
-                 "TRITON_INTERPRET", "RAY_AUTH_MODE", "CUDA_DEVICE_ORDER")
+                 "TRITON_INTERPRET", "RAY_AUTH_MODE", "CUDA_DEVICE_ORDER",
+                 "PYTORCH_CUDA_ALLOC_CONF")  # the allocator setting: `rltt.runtime.allocator`
 ZERO_COPY = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}  # tensors in the object store are read in place
 DEAD_ACTOR_ERRORS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
                      ray.exceptions.GetTimeoutError)
