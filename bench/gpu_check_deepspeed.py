@@ -21,8 +21,15 @@ when the time left cannot cover its estimate:
   them, one rollout chunk of `rltt plan`'s rows per chunk at the recipe's lengths (prompts of
   ``data.max_prompt_tokens``, ``rollout.max_new_tokens`` new tokens), one update on 16 of its rows at
   micro-batch 4 without activation checkpointing, the weight sync, then a fresh learner and one
-  update at micro-batch 16 with checkpointing. Allocated and reserved peaks of each phase against
-  the plan's phase (the plan's allocated part: the phase less its ``runtime`` component);
+  update at micro-batch 16 with checkpointing. Each learner first makes one unmeasured update (a
+  random batch of the same shape) so that AdamW's moments exist, as in every step after the first:
+  the plan is of that steady state. Allocated and reserved peaks of each phase against the plan's
+  phase (the plan's allocated part: the phase less its ``runtime`` component), the reserved bytes
+  above the allocated peak (what the caching allocator holds that the plan does not count) and the
+  allocator setting in force. On CUDA each phase runs twice: under the setting rltt's processes get
+  (`rltt.runtime.allocator`: expandable segments unless ``PYTORCH_CUDA_ALLOC_CONF`` says otherwise;
+  plain figure names), then under the other one (``torch.cuda.memory._set_allocator_settings``,
+  names with ``.fixed_segments`` or ``.expandable_segments``), the allocator's cache emptied between;
 - ``train``: ``rltt train`` (the CLI, in this process) with ``learner.backend=deepspeed`` (ZeRO-2,
   bf16), ``rollout.chunk_rows=auto`` and activation checkpointing, 2 steps on the GSM8K sample with
   ``checkpoint.every=1``, then ``--resume`` for a third: NCCL start-up, DeepSpeed's save and load,
@@ -42,6 +49,7 @@ import copy
 import gc
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -63,7 +71,7 @@ GPU = dict(
     cards=[("card80", CARD_80GB, True), ("card141", None, False)],
     train=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=16, micro=16,
                dtype="bf16", threads=0),
-    estimates=dict(grad=15, card80=60, train=60, card141=60),
+    estimates=dict(grad=15, card80=90, train=60, card141=120),
 )
 CPU = dict(
     grad=dict(hidden=32, layers=1, heads=2, vocab=96, micro_batches=8, prompt=4, completion=6),
@@ -189,6 +197,59 @@ def grad_accumulation(ctx, rep: Report, p: dict) -> None:
 
 
 # -- card80 / card141: the recipe's memory phases against the plan ------------------------------------------
+#: the allocator's segments -> the PYTORCH_CUDA_ALLOC_CONF option and the figure names' suffix when it
+#: is not the setting in force
+SEGMENTS = {True: ("expandable_segments:True", "expandable_segments"),
+            False: ("expandable_segments:False", "fixed_segments")}
+
+
+def allocator_modes(ctx) -> list[tuple[str, str, bool | None]]:
+    """``(name suffix, setting, expandable)`` for each run of a phase: on CUDA the setting in force
+    (suffix "") then the other segments; on the CPU one run, no allocator."""
+    if not ctx.cuda:
+        return [("", "none (CPU)", None)]
+    from rltt.runtime.allocator import ENV, expandable
+
+    on = expandable(os.environ.get(ENV))
+    return [("", os.environ.get(ENV) or "PyTorch's default", on), ("." + SEGMENTS[not on][1], SEGMENTS[not on][0], not on)]
+
+
+def use_segments(ctx, expandable: bool | None) -> None:
+    """Empty the allocator's cache, then make new segments expandable or fixed."""
+    release(ctx)
+    if expandable is not None:
+        import torch
+
+        torch.cuda.memory._set_allocator_settings(SEGMENTS[expandable][0])
+
+
+def optimizer_state_bytes(learner) -> int:
+    """Bytes of the tensors in the learner's optimizer state (AdamW's moments: none before its first step)."""
+    import torch
+
+    backend = getattr(learner, "backend", None)
+    seen, total = set(), 0
+    for opt in (getattr(backend, "optimizer", None), getattr(getattr(backend, "optimizer", None), "optimizer", None)):
+        if not isinstance(opt, torch.optim.Optimizer):
+            continue
+        for state in opt.state.values():
+            for t in state.values():
+                if torch.is_tensor(t) and t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def warm_batch(vocab: int, rows: int, group: int, prompt: int, completion: int, num_loops: int):
+    """A random batch shaped like a rollout's: groups of ``group`` rows share their prompt."""
+    import torch
+
+    batch = random_batch(vocab, rows, prompt, completion, num_loops, seed=11)
+    first = (torch.arange(rows) // group) * group
+    batch.input_ids[:, :prompt] = batch.input_ids[first, :prompt]
+    return batch
+
+
 def phase(ctx, fn):
     """``(fn(), start allocated, allocated peak, reserved peak)`` (reserved: None on CPU)."""
     import torch
@@ -241,7 +302,9 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
                f"one rollout chunk of {rows} rows ({rows // max(group, 1)} prompts x G={group}, prompts of "
                f"{recipe_a.data.max_prompt_tokens} tokens + {r.max_new_tokens} new, ignore_eos); updates on "
                f"{shapes['update_rows']} rows: micro-batch {mb_a} without / {mb_b} with activation checkpointing; "
-               f"planned = rltt plan's phase (allocated part: less its runtime component)")
+               f"planned = rltt plan's phase (allocated part: less its runtime component); each learner made one "
+               f"unmeasured update first (AdamW's moments held: the plan's steady state)"
+               f"{'; each phase under the allocator setting in force, then the other segments' if ctx.cuda else ''}")
     rep.add(f"{tag}.card_gib", round(card_bytes / GIB, 3), "GiB", setting)
     rep.add(f"{tag}.rows_per_chunk", rows, "rows", setting)
     rep.add(f"{tag}.plan_fits", bool(plan_a.fits and plan_b.fits), "", setting)
@@ -265,9 +328,17 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
             torch.cuda.set_per_process_memory_fraction(fraction)
             rep.add(f"{tag}.memory_fraction", round(fraction, 5), "of the GPU", setting)
 
-    def record(name, plan, measured, seconds):
+    modes = allocator_modes(ctx)
+
+    def record(name, plan, measured, seconds, mode=("", None, None), held_state=None):
         _, start, peak, reserved = measured
-        planned = plan.phases["rollout" if name == "rollout" else "learner"]
+        suffix, setting_in_force, _ = mode
+        planned = plan.phases["rollout" if name.startswith("rollout") else "learner"]
+        name = name + suffix
+        rep.add(f"{tag}.{name}.allocator", setting_in_force, "(PYTORCH_CUDA_ALLOC_CONF in force)", setting)
+        if held_state is not None:
+            rep.add(f"{tag}.{name}.optimizer_state_gib", round(held_state / GIB, 4),
+                    "GiB of AdamW's moments held at the phase start (the plan counts them)", setting)
         allocated_plan = planned - plan.components["runtime"]
         rep.add(f"{tag}.{name}.planned_gib", round(planned / GIB, 4), "GiB (phase, runtime included)", setting)
         rep.add(f"{tag}.{name}.planned_allocated_gib", round(allocated_plan / GIB, 4), "GiB", setting)
@@ -276,6 +347,8 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
         rep.add(f"{tag}.{name}.planned_allocated/allocated_peak", gcm.ratio(allocated_plan, peak), "x", setting)
         if reserved is not None:
             rep.add(f"{tag}.{name}.reserved_peak_gib", round(reserved / GIB, 4), "GiB", setting)
+            rep.add(f"{tag}.{name}.reserved_above_allocated_gib", round((reserved - peak) / GIB, 4),
+                    "GiB (reserved peak − allocated peak: the allocator's cache, not planned)", setting)
             rep.add(f"{tag}.{name}.device_peak_gib", round((reserved + outside) / GIB, 4),
                     "GiB (reserved + outside the allocator)", setting)
             rep.add(f"{tag}.{name}.planned/device_peak", gcm.ratio(planned, reserved + outside), "x", setting)
@@ -291,15 +364,31 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
         model = None
         gen = torch.Generator().manual_seed(7)
         vocab = model_config["vocab_size"]
+        loops = int(model_config.get("total_ut_steps", 4))
+        warm = warm_batch(vocab, shapes["update_rows"], group, recipe_a.data.max_prompt_tokens, r.max_new_tokens,
+                          loops)
+
+        def warm_up(lrn, name):  # AdamW's moments exist from the first step on: the plan's steady state
+            t = time.perf_counter()
+            lrn.update(warm)
+            rep.add(f"{tag}.{name}.warm_up_s", round(time.perf_counter() - t, 2), "s (one unmeasured update first: "
+                    "it makes the optimizer state)", setting)
+
+        with rep.step(f"{tag}: warm-up update"):
+            warm_up(learner, f"learner_mb{mb_a}")
         prompts = [torch.randint(1, vocab, (recipe_a.data.max_prompt_tokens,), generator=gen).tolist()
                    for _ in range(rows // group)]
         params = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens, n=group, seed=1,
                                 schedule=r.schedule, exit_policy=getattr(r, "exit_policy", "sample"),
                                 ignore_eos=True)
         with rep.step(f"{tag}: rollout chunk of {rows} rows"):
-            t = time.perf_counter()
-            measured = phase(ctx, lambda: engine.generate(prompts, params))
-            record("rollout", plan_a, measured, time.perf_counter() - t)
+            for mode in modes:
+                use_segments(ctx, mode[2])
+                held = optimizer_state_bytes(learner)
+                t = time.perf_counter()
+                measured = phase(ctx, lambda: engine.generate(prompts, params))
+                record("rollout", plan_a, measured, time.perf_counter() - t, mode, held)
+            use_segments(ctx, modes[0][2])
             rollout = measured[0]
             rep.add(f"{tag}.rollout.tokens", int(rollout.completion_mask.sum()), "tokens", setting)
             batch = LearnerBatch.from_rollout(rollout, advantages=torch.randn(rows, generator=gen))
@@ -308,10 +397,15 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
         if batch is None:
             return
         with rep.step(f"{tag}: update at micro-batch {mb_a}"):
-            t = time.perf_counter()
-            measured = phase(ctx, lambda: learner.update(batch))
-            record(f"learner_mb{mb_a}", plan_a, measured, time.perf_counter() - t)
-            rep.add(f"{tag}.learner_mb{mb_a}.loss_finite", bool(math.isfinite(measured[0]["loss/total"])), "", setting)
+            for mode in modes:
+                use_segments(ctx, mode[2])
+                held = optimizer_state_bytes(learner)
+                t = time.perf_counter()
+                measured = phase(ctx, lambda: learner.update(batch))
+                record(f"learner_mb{mb_a}", plan_a, measured, time.perf_counter() - t, mode, held)
+                rep.add(f"{tag}.learner_mb{mb_a}{mode[0]}.loss_finite", bool(math.isfinite(measured[0]["loss/total"])),
+                        "", setting)
+            use_segments(ctx, modes[0][2])
         with rep.step(f"{tag}: weight sync"):
             t = time.perf_counter()
             measured = phase(ctx, lambda: engine.load_weights(*learner.rollout_state_dict()))
@@ -325,16 +419,21 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
             learner = Learner(model, recipe_b.learner, recipe_b.algorithm, batch_size=shapes["update_rows"],
                               max_len=r.max_new_tokens, rollout_dtype=engine_dtype(recipe_b))
             model = None
-            t = time.perf_counter()
-            measured = phase(ctx, lambda: learner.update(batch))
-            record(f"learner_mb{mb_b}_ckpt", plan_b, measured, time.perf_counter() - t)
-            rep.add(f"{tag}.learner_mb{mb_b}_ckpt.loss_finite", bool(math.isfinite(measured[0]["loss/total"])), "",
-                    setting)
+            warm_up(learner, f"learner_mb{mb_b}_ckpt")
+            for mode in modes:
+                use_segments(ctx, mode[2])
+                held = optimizer_state_bytes(learner)
+                t = time.perf_counter()
+                measured = phase(ctx, lambda: learner.update(batch))
+                record(f"learner_mb{mb_b}_ckpt", plan_b, measured, time.perf_counter() - t, mode, held)
+                rep.add(f"{tag}.learner_mb{mb_b}_ckpt{mode[0]}.loss_finite",
+                        bool(math.isfinite(measured[0]["loss/total"])), "", setting)
+            use_segments(ctx, modes[0][2])
     finally:
         if learner is not None:
             close_learner(learner)
         del engine, learner, model, batch
-        release(ctx)
+        use_segments(ctx, modes[0][2])  # the setting in force again, the cache emptied
         if ctx.cuda and emulate:
             torch.cuda.set_per_process_memory_fraction(1.0)
 
@@ -428,6 +527,12 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    try:
+        from rltt.runtime.allocator import configure
+    except ImportError:  # an rltt without it: PyTorch's default stays, and the figures say so
+        pass
+    else:
+        configure()  # as `rltt train` does, before CUDA initialises: expandable segments unless the caller chose
     import importlib.util
 
     rep = Report(args.out)
