@@ -6,6 +6,7 @@
 - :mod:`rltt.runtime.paths` — output paths that never overwrite an input or another run.
 - :mod:`rltt.runtime.device` — ``model.device`` (``auto``, ``cpu``, ``cuda:N``).
 - :mod:`rltt.runtime.distributed` — data-parallel ranks and the one cross-rank reduction.
+- :mod:`rltt.runtime.allocator` — ``PYTORCH_CUDA_ALLOC_CONF``: expandable segments unless the user chose.
 
 Nothing here imports the model, the rollout engines, the learner or the loops built on them.
 """
