@@ -20,7 +20,8 @@ import torch
 
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.buckets import attached
-from rltt.rollout.kv_cache import GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload
+from rltt.rollout.kv_cache import (GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload,
+                                   without_cudnn_attention)
 
 
 @dataclass
@@ -91,7 +92,12 @@ class PassExecutor:
     @torch.no_grad()
     def run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
         """Execute one pass. Returns ``(h (N, d), gates (N,) fp32, last (n,))`` where items are
-        ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position."""
+        ordered as the ranges and ``last[i]`` is the item index of range i's ``end`` position.
+        Its attention runs without SDPA's cuDNN backend (`without_cudnn_attention`)."""
+        with without_cudnn_attention():
+            return self._run(rows, starts, ends, steps)
+
+    def _run(self, rows: list[int], starts: list[int], ends: list[int], steps: list[int]):
         plan = self._plan_for(rows, starts, ends, steps)
         self._ran = plan
         embeds = plan.embeds

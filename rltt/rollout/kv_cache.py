@@ -14,6 +14,7 @@ positions ≤ its own (causal among items of the same row and step).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,21 @@ import torch.nn.functional as F
 
 from rltt.model.layers import additive_mask
 from rltt.rollout.host_work import note_upload
+
+
+@contextmanager
+def without_cudnn_attention():
+    """The engine's passes with SDPA's cuDNN backend off (restored after). cuDNN attention builds an
+    execution plan per new shape (hundreds of milliseconds), and a pass's attention shapes change with
+    every token (key length, entries, widths); the other backends need no per-shape build. The engine
+    and `replay_logprobs` both run their passes under it, so a replay uses the same backend. No effect
+    on CPU (no cuDNN backend there)."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 def upload(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
