@@ -2,14 +2,15 @@
 
 Device command (one H200 with the image's torch 2.11.0+cu130, triton 3.6.0 and transformers
 5.17.0, from the repository root, after ``bash bench/gpu_bundle.sh`` here: the device tool carries
-``.gpu_bundle``, the DeepSpeed wheels the image lacks; the section budgets sum to 550 s without
+``.gpu_bundle``, the DeepSpeed wheels the image lacks; the section budgets sum to 537 s without
 vLLM's, whose section records "absent" in a second on the image, so it finishes within 9 minutes;
 run-tool timeout 590 s; writes ``$OUT/gpu_check.json``, ``$OUT/gpu_check.md`` and the log):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_bundle/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && set -o pipefail && timeout 560 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.log
 
-The JSON and Markdown are rewritten after every section, so a run stopped early keeps what it
-measured. A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code
+The JSON and Markdown are rewritten after every section, and on SIGTERM (the outer ``timeout``) with
+the running section's figures, so a run stopped early keeps what it measured; the log has every
+sub-step's start and elapsed time. A rerun of some sections only: ``--sections kernels,learner``. CPU mode (the same code
 paths at the smallest shapes, in seconds; ``tests/bench/test_gpu_check.py`` runs it):
 
     python bench/gpu_check.py --cpu-smoke --out /tmp/gpu_check     # or: rltt bench gpu_check --cpu-smoke ...
@@ -26,7 +27,10 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   d = 2048, V = 151,936, N = 8192 and N = 1024);
 - ``rollouts``: a random LoopLM shaped like Ouro-1.4B (its config.json through
   ``rltt.model.ouro.ouro_to_loop_config``: d = 2048, L = 24, T = 4, V = 49,152) in bf16, the exit
-  gate's weight zeroed and its bias set so that E[t*] = 2.5 under the ``sample`` exit policy:
+  gate's weight zeroed and its bias set so that E[t*] = 2.5 under the ``sample`` exit policy; in
+  this order (the cheapest and most telling first; a sub-step the time left cannot cover is skipped):
+  one SDPA call's cost at a new key length against a repeat, default backends and cuDNN's off (the
+  engine's setting), the CUDA graphs on/off comparison below, ``replay_logprobs`` bitwise, then
   native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
   tokens, sampled exits), native final-exit decoding vs transformers' ``generate()`` at batch
   32, ``replay_logprobs`` bitwise against a sampled deferred rollout, and the native engine with
@@ -118,8 +122,11 @@ class Shapes:
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            budgets=dict(imports=15, kernels=80, rollouts=125, learner=30, plan=35, deepspeed=220, vllm=150,
-                         smoke=45),
+            # from the H200 run of 2026-12-04 (bench/gpu_runs/2026-12-04/full.log): imports 7.7 s, kernels
+            # 35 s, learner 16 s, deepspeed 149 s with one sub-step (60 s) skipped, smoke 105 s; rollouts and
+            # plan ran out of time (125 s, 225 s; 35 s, 63 s): 537 s without vLLM's, under `timeout 560`
+            budgets=dict(imports=12, kernels=45, rollouts=140, learner=25, plan=50, deepspeed=170, vllm=150,
+                         smoke=95),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
@@ -176,19 +183,52 @@ class SectionResult:
     def skip(self, what: str) -> None:
         self.skipped.append(what)
 
+    current = None  # the sub-step running now (not fields: not in the JSON)
+    cut_in = None  # the sub-step a time-out or SIGTERM ended
+
+    def log(self, what: str) -> None:
+        log(f"{self.name}: {what}")
+
     @contextmanager
     def step(self, what: str):
-        """One sub-step: an exception is recorded as a failure and the section goes on
-        (the section's time-out, a BaseException, still ends it)."""
+        """One sub-step: its start and elapsed time go to the log; an exception is recorded as a failure
+        and the section goes on (the section's time-out, a BaseException, still ends it)."""
+        start, outer = time.perf_counter(), self.current
+        self.current = what
+        self.log(f"{what}: start")
         try:
             yield
+            self.log(f"{what}: done in {time.perf_counter() - start:.1f} s")
         except Exception as exc:  # noqa: BLE001 - recorded
             self.failures.append(f"{what}: {type(exc).__name__}: {exc}".strip()[:1000])
-            print(f"[gpu_check] {self.name}: {what} FAILED\n{traceback.format_exc()}", flush=True)
+            print(f"[gpu_check] {self.name}: {what} FAILED after {time.perf_counter() - start:.1f} s\n"
+                  f"{traceback.format_exc()}", flush=True)
+        except BaseException:  # the section's alarm or SIGTERM: name the innermost sub-step it cut
+            self.cut_in = self.cut_in or what
+            self.log(f"{what}: cut after {time.perf_counter() - start:.1f} s")
+            raise
+        finally:
+            self.current = outer
+
+
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """One line of the log with the seconds since the start, flushed (a killed run shows where it was)."""
+    print(f"[gpu_check {time.monotonic() - _T0:6.1f}s] {message}", flush=True)
 
 
 class SectionTimeout(BaseException):
     """Raised by the section alarm (a BaseException, so library code catching Exception lets it pass)."""
+
+
+class Terminated(BaseException):
+    """Raised by SIGTERM (the outer ``timeout``): the run writes what it measured and exits."""
+
+
+def on_sigterm(signum, frame):
+    raise Terminated("SIGTERM (the outer timeout?)")
 
 
 class Deadline:
@@ -227,22 +267,28 @@ def alarm(seconds: float, name: str):
 def run_section(name: str, fn, ctx: "Context") -> SectionResult:
     budget = ctx.shapes.budgets[name] * ctx.budget_scale
     result = SectionResult(name, budget)
+    ctx.running = result
     start = time.perf_counter()
-    print(f"[gpu_check] {name}: start (budget {budget:.0f} s)", flush=True)
+    log(f"{name}: start (budget {budget:.0f} s)")
     try:
         with alarm(budget, name):
             fn(ctx, result, Deadline(budget))
         result.status = ("error" if result.failures else "partial" if result.skipped else
                          "absent" if result.absent else "ok")
-    except (Exception, SectionTimeout) as exc:  # noqa: BLE001 - recorded; the other sections still run
+    except (Exception, SectionTimeout, Terminated) as exc:  # noqa: BLE001 - recorded; the other sections still run
         result.status = "error"
-        result.failures.append(f"{type(exc).__name__}: {exc}".strip()[:2000])
+        where = f" (in sub-step {result.cut_in!r})" if result.cut_in else ""
+        result.failures.append(f"{type(exc).__name__}{where}: {exc}".strip()[:2000])
         print(f"[gpu_check] {name}: ERROR\n{traceback.format_exc()}", flush=True)
+        if isinstance(exc, Terminated):
+            result.error = " | ".join(result.failures)
+            result.seconds = round(time.perf_counter() - start, 2)
+            raise
     finally:
         result.error = " | ".join(result.failures) or None
         result.seconds = round(time.perf_counter() - start, 2)
         ctx.release()
-    print(f"[gpu_check] {name}: {result.status} in {result.seconds:.1f} s", flush=True)
+    log(f"{name}: {result.status} in {result.seconds:.1f} s")
     return result
 
 
@@ -290,6 +336,7 @@ class Context:
         self.budget_scale = budget_scale
         self.device = torch.device("cpu" if cpu_smoke else "cuda")
         self._model = None
+        self.running: SectionResult | None = None  # the section now running (written on SIGTERM)
 
     @property
     def cuda(self) -> bool:
@@ -609,51 +656,42 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
             temperature=temperature, max_new_tokens=new_tokens, exit_policy=policy, schedule=schedule, seed=seed,
             ignore_eos=True))
 
+    # cheapest and most telling first: the attention's per-shape cost, CUDA graphs on/off with the host
+    # work per pass, bitwise replay; then the batch sweep and generate(); a sub-step the time left cannot
+    # cover is skipped (recorded), not cut by the section's alarm
+    with sec.step("attention cost per new shape"):
+        attention_shape_cost(ctx, sec, model, base)
     warm = prompts(min(8, s.batches[-1]), 0)
-    for schedule in ("dense", "deferred"):
-        native(warm, schedule, "sample", new_tokens=4)
+    with sec.step("warm-up (dense and deferred, 4 tokens)"):
+        for schedule in ("dense", "deferred"):
+            native(warm, schedule, "sample", new_tokens=4)
+
+    with sec.step("CUDA graphs on and off"):
+        cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline)
 
     rb = s.replay_batch
     setting = (f"{base}; batch {rb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, temperature 1, sampled "
                f"exits, deferred; replay_logprobs vs the rollout's recorded log-probs")
-    with sec.step("bitwise replay"):
-        batch = native(prompts(rb, 7), "deferred", "sample", temperature=1.0, seed=11)
-        t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, batch))
-        got, want = replayed.logprobs.cpu(), batch.logprobs.cpu()
-        equal = torch.equal(got, want) and torch.equal(replayed.tempered_logprobs.cpu(), batch.tempered_logprobs.cpu())
-        sec.add("replay.bitwise_equal", bool(equal), "", setting)
-        sec.add("replay.max_abs_diff", float((got - want).abs().max()), "nats", setting)
-        sec.add("replay.seconds", round(t_replay, 3), "s", setting)
-
-    with sec.step("CUDA graphs on and off"):
-        cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base)
-
-    gb = s.generate_batch
-    setting = (f"{base}; batch {gb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy, final exits "
-               f"(native deferred schedule vs transformers generate(), same FLOPs per token), one timed run after "
-               f"a warm-up; target native >= 2x; bf16 rounding may split greedy paths")
-    with sec.step(f"native vs generate() at batch {gb}"):
-        ids = prompts(gb, 1000 + gb)
-        t_native, out = ctx.timed(lambda: native(ids, "deferred", "final"))
-        with torch.no_grad():
-            hf_ids = ids.to(ctx.device)
-            model.generate(hf_ids[:, :4], max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)
-            t_hf, hf = ctx.timed(lambda: model.generate(hf_ids, max_new_tokens=s.new_tokens,
-                                                        min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0))
-        tokens = gb * s.new_tokens
-        same_rows = (out.completion_ids.cpu() == hf[:, s.prompt_len:].cpu()).all(dim=1).float().mean()
-        sec.add(f"generate.b{gb}.native_final_tok_s", round(tokens / t_native, 2), "tok/s", setting)
-        sec.add(f"generate.b{gb}.hf_generate_tok_s", round(tokens / t_hf, 2), "tok/s", setting)
-        sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
-        sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
-        del out, hf
+    if not deadline.allows(15 if ctx.cuda else 1):  # 5.7 s of replay after its rollout on the H200
+        sec.skip("bitwise replay")
+    else:
+        with sec.step("bitwise replay"):
+            batch = native(prompts(rb, 7), "deferred", "sample", temperature=1.0, seed=11)
+            t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, batch))
+            got, want = replayed.logprobs.cpu(), batch.logprobs.cpu()
+            equal = (torch.equal(got, want)
+                     and torch.equal(replayed.tempered_logprobs.cpu(), batch.tempered_logprobs.cpu()))
+            sec.add("replay.bitwise_equal", bool(equal), "", setting)
+            sec.add("replay.max_abs_diff", float((got - want).abs().max()), "nats", setting)
+            sec.add("replay.seconds", round(t_replay, 3), "s", setting)
 
     last = 0.0
     for bsz in s.batches:
         setting = (f"{base}; batch {bsz}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy tokens, "
                    f"sampled exits (gate bias for E[t*]={MEAN_EXIT}), one timed run of each after a warm-up; "
                    f"target deferred >= 1.5x dense at batch >= 8")
-        if not deadline.allows(2.5 * last):  # the next batch size takes longer than the last
+        # the next batch size takes longer than the last; the first: 4 runs of 128 tokens at batch 1
+        if not deadline.allows(2.5 * last if last else (20 if ctx.cuda else 0)):
             sec.skip(f"dense vs deferred at batch {bsz}")
             continue
         with sec.step(f"dense vs deferred at batch {bsz}"):
@@ -685,8 +723,101 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
                         sec.add(f"rollout.b{bsz}.{schedule}.{key}", round(value, 3), "", setting)
             del dense, deferred
 
+    gb = s.generate_batch
+    setting = (f"{base}; batch {gb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, greedy, final exits "
+               f"(native deferred schedule vs transformers generate(), same FLOPs per token), one timed run after "
+               f"a warm-up; target native >= 2x; bf16 rounding may split greedy paths")
+    if not deadline.allows(30 if ctx.cuda else 1):
+        sec.skip(f"native vs generate() at batch {gb}")
+        return
+    with sec.step(f"native vs generate() at batch {gb}"):
+        ids = prompts(gb, 1000 + gb)
+        t_native, out = ctx.timed(lambda: native(ids, "deferred", "final"))
+        with torch.no_grad():
+            hf_ids = ids.to(ctx.device)
+            model.generate(hf_ids[:, :4], max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)
+            t_hf, hf = ctx.timed(lambda: model.generate(hf_ids, max_new_tokens=s.new_tokens,
+                                                        min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0))
+        tokens = gb * s.new_tokens
+        same_rows = (out.completion_ids.cpu() == hf[:, s.prompt_len:].cpu()).all(dim=1).float().mean()
+        sec.add(f"generate.b{gb}.native_final_tok_s", round(tokens / t_native, 2), "tok/s", setting)
+        sec.add(f"generate.b{gb}.hf_generate_tok_s", round(tokens / t_hf, 2), "tok/s", setting)
+        sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
+        sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
+        del out, hf
 
-def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str) -> None:
+
+@contextmanager
+def engine_calls(sec: SectionResult):
+    """Log every `NativeEngine.generate` call while active (rows, passes, tokens, seconds, captures): where
+    a train step's rollout time goes, in the log even when the section is cut short."""
+    from rltt.rollout.native import NativeEngine
+
+    plain = NativeEngine.generate
+    calls = []
+
+    def logged(self, prompts, params):
+        before = self.buckets.captures if self.buckets is not None else 0
+        start = time.perf_counter()
+        sec.log(f"generate: {len(prompts)} prompts x n={params.n}, up to {params.max_new_tokens} tokens, "
+                f"{params.schedule}: start")
+        out = plain(self, prompts, params)
+        seconds = time.perf_counter() - start
+        captures = (self.buckets.captures if self.buckets is not None else 0) - before
+        passes = int(out.stats.passes)
+        calls.append(seconds)
+        sec.log(f"generate: {passes} passes, {int(out.stats.tokens)} tokens in {seconds:.2f} s "
+                f"({1e3 * seconds / max(passes, 1):.1f} ms/pass), {captures} new captures")
+        return out
+
+    NativeEngine.generate = logged
+    try:
+        yield calls
+    finally:
+        NativeEngine.generate = plain
+
+
+def attention_shape_cost(ctx: Context, sec: SectionResult, model, base: str, calls: int = 6) -> None:
+    """What one SDPA call of the engine's decode costs at a key length not met before, against a repeat of
+    the last one, with the default backends and with cuDNN's off (`rltt.rollout.kv_cache.without_cudnn_attention`,
+    how the engine runs): the engine's attention shapes change every token (key length, entries, widths), so
+    a backend that builds a plan per new shape pays it every pass. Batch 32, the model's heads, an additive
+    mask as the engine's (`GroupedAttend`)."""
+    import torch
+    import torch.nn.functional as F
+
+    from rltt.rollout.kv_cache import without_cudnn_attention
+
+    cfg = model.config
+    rows, heads, kv, dim = 32, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    dtype = model.lm_head.weight.dtype
+    gen = torch.Generator(device=ctx.device).manual_seed(0)
+    q = torch.randn(rows, kv, heads // kv, dim, generator=gen, device=ctx.device, dtype=dtype)
+    setting = (f"{base}; one SDPA call of a decode pass: batch {rows}, {heads} query / {kv} KV heads, head dim {dim}, "
+               f"additive mask; {calls} calls at key lengths not met before, then {calls} repeats of the last")
+    sec.add("attention.cudnn_sdp_enabled_by_default", bool(torch.backends.cuda.cudnn_sdp_enabled()), "", setting)
+    first_len = 4096  # longer than any key length the section meets before this sub-step
+    for label, switch in (("default", None), ("cudnn_off", without_cudnn_attention)):
+        new, again = [], []
+        for i in range(2 * calls):
+            key_len = first_len + min(i, calls - 1)
+            keys = torch.randn(rows, kv, key_len, dim, generator=gen, device=ctx.device, dtype=dtype)
+            mask = torch.zeros(rows, 1, heads // kv, key_len, device=ctx.device, dtype=dtype)
+            ctx.sync()
+            start = time.perf_counter()
+            if switch is None:
+                F.scaled_dot_product_attention(q, keys, keys, attn_mask=mask)
+            else:
+                with switch():
+                    F.scaled_dot_product_attention(q, keys, keys, attn_mask=mask)
+            ctx.sync()
+            (new if i < calls else again).append(time.perf_counter() - start)
+        first_len += calls
+        sec.add(f"attention.{label}.new_shape_ms", round(1e3 * sum(new) / len(new), 3), "ms per call", setting)
+        sec.add(f"attention.{label}.repeat_ms", round(1e3 * sum(again) / len(again), 3), "ms per call", setting)
+
+
+def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, deadline: Deadline) -> None:
     """The native engine with its bucketed passes replayed as CUDA graphs (on CPU: the same bucketed passes
     run eagerly, `NativeEngine(buckets=True)`) and without: host work per pass (rltt.rollout.host_work:
     operators per (layer · pass), syncs and reads per pass), tokens/s, whether the outputs agree, replay
@@ -713,16 +844,29 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str) 
                               schedule=schedule, seed=seed, ignore_eos=True)
 
     outs, times = {}, {}
+    last = 0.0
     for schedule in ("dense", "deferred"):
         for name, engine in (("on", on), ("off", off)):
-            engine.generate(ids.tolist(), params(schedule))  # warm-up (on: captures the buckets it meets)
+            if not deadline.allows(1.5 * last + 10 if ctx.cuda else 0):  # the section's later sub-steps need time too
+                sec.skip(f"graphs {schedule} {name}")
+                continue
+            start = time.perf_counter()
+            warm_s, _ = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))  # on: captures its buckets
+            sec.log(f"graphs {schedule} {name}: warm-up {warm_s:.1f} s")
             t, outs[schedule, name] = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
             times[schedule, name] = t
+            sec.add(f"graphs.{schedule}.{name}.warmup_s", round(warm_s, 2), "s (first call: captures, new shapes)",
+                    setting)
             sec.add(f"graphs.{schedule}.{name}.tok_s", round(bsz * new_tokens / t, 2), "tok/s", setting)
             _, work = rollout_host_work(engine, ids.tolist(), params(schedule), warmup=False)
             summary = work.summary()
-            for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass"):
+            for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass",
+                        "uploads_per_pass"):
                 sec.add(f"graphs.{schedule}.{name}.{key}", round(summary[key], 3), "", setting)
+            last = time.perf_counter() - start
+            sec.log(f"graphs {schedule} {name}: {last:.1f} s in all")
+        if (schedule, "on") not in outs or (schedule, "off") not in outs:
+            continue
         sec.add(f"graphs.{schedule}.on/off", ratio(times[schedule, "off"], times[schedule, "on"]), "x",
                 setting + "; tokens/s on over off")
         a, b = outs[schedule, "on"], outs[schedule, "off"]
@@ -732,6 +876,7 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str) 
                 setting + "; bitwise equal on CPU by construction, a wider GEMM may round otherwise on a GPU")
     sec.add("graphs.replayed_passes", on.buckets.replays, "passes", setting)
     sec.add("graphs.eager_bucketed_passes", on.buckets.eager, "passes", setting)
+    sec.add("graphs.captures", on.buckets.captures, "(bucket, step kind) captures, L + 1 graphs each", setting)
     sampled = on.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
     replayed = replay_logprobs(model, sampled)  # follows the engine that sampled: the same graphs
     sec.add("graphs.replay_bitwise_equal", bool(torch.equal(replayed.logprobs.cpu(), sampled.logprobs.cpu())
@@ -872,7 +1017,7 @@ def section_plan(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
     vocab = model.config.vocab_size
     device_bytes = (torch.cuda.get_device_properties(ctx.device).total_memory if ctx.cuda else 64 * GIB)
     last = 0.0
-    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-plan-") as name:
+    with tempfile.TemporaryDirectory(prefix="rltt-gpu-check-plan-") as name, engine_calls(sec):
         tmp = Path(name)
         (tmp / "model").mkdir()
         (tmp / "model" / "config.json").write_text(json.dumps(ctx.shapes.model))
@@ -1004,7 +1149,8 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
         tmp = Path(name)
         recipe = write_smoke_run(ctx, tmp)
         start = time.perf_counter()
-        code = rltt_main(["train", str(recipe)])
+        with engine_calls(sec) as calls:
+            code = rltt_main(["train", str(recipe)])
         wall = time.perf_counter() - start
         if code:
             raise RuntimeError(f"rltt train {recipe.name} exited with {code} (its error is printed above)")
@@ -1021,6 +1167,10 @@ def section_smoke(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
             return round(sum(values) / len(values), 4) if values else None
 
         sec.add("steps_logged", len(steps), "steps", setting)
+        sec.add("generate_calls", len(calls), "calls (training steps and evaluations)", setting)
+        if calls:
+            sec.add("generate_first_s", round(calls[0], 2), "s", setting)
+            sec.add("generate_max_s", round(max(calls), 2), "s", setting)
         sec.add("wall_s", round(wall, 2), "s (model load, evaluations, checkpoint)", setting)
         sec.add("step_time_s_mean", mean(schema.TIME_STEP), "s", setting)
         sec.add("rollout_tok_s_mean", mean(schema.THROUGHPUT_TOKENS_PER_S), "tok/s", setting)
@@ -1189,8 +1339,18 @@ def main(argv=None) -> int:
     ctx = Context(args.cpu_smoke, args.budget_scale)
     report = dict(command="python bench/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   env=environment(ctx), sections={}, total_s=0.0)
+    signal.signal(signal.SIGTERM, on_sigterm)  # the outer `timeout`: write what was measured, then exit
     for name in args.sections:
-        result = run_section(name, FUNCS[name], ctx)
+        try:
+            result = run_section(name, FUNCS[name], ctx)
+        except Terminated:
+            report["sections"][name] = asdict(ctx.running) if ctx.running is not None else {}
+            for later in args.sections[args.sections.index(name) + 1:]:
+                report["sections"][later] = asdict(SectionResult(later, 0.0, status="not run (SIGTERM)"))
+            report["total_s"] = round(time.perf_counter() - started, 2)
+            write_outputs(report, args.out)
+            log("terminated by SIGTERM: the JSON and Markdown hold what was measured")
+            return 143
         report["sections"][name] = asdict(result)
         report["total_s"] = round(time.perf_counter() - started, 2)
         write_outputs(report, args.out)  # after every section: a killed run still leaves its figures

@@ -126,6 +126,7 @@ class PassBuckets:
         self.graphs = graphs if graphs is not None else (CudaGraphs(self.device) if capture else None)
         self.replays = 0  # passes served by replaying captured graphs
         self.eager = 0  # bucketed passes run eagerly (CPU, or a capture's first pass)
+        self.captures = 0  # (bucket, step kind) passes captured: L + 1 graphs each
 
     # -- buffers --------------------------------------------------------------------------------
     def size_of(self, items: int) -> int | None:
@@ -193,6 +194,7 @@ class PassBuckets:
         if captured is None:
             try:
                 captured = b.graphs[kind] = self._capture(b, step_arg)
+                self.captures += 1
             except Exception as e:  # an operator the graphs cannot hold: say which switch avoids them
                 raise RlttError(f"CUDA-graph capture of a {size}-item pass failed ({type(e).__name__}: "
                                 f"{' '.join(str(e).split())[:200]}); rollout.cuda_graphs: false runs the passes "

@@ -76,8 +76,11 @@ EXPECTED = {
     + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in  # rollout.cuda_graphs
        ("tok_s", "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass")]
     + [f"graphs.{s}.{k}" for s in ("dense", "deferred") for k in ("on/off", "same_tokens_and_exits")]
-    + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "replay_bitwise_equal", "planned_gib",
-                               "measured_gib", "planned/measured")],
+    + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in ("warmup_s", "uploads_per_pass")]
+    + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "captures", "replay_bitwise_equal",
+                               "planned_gib", "measured_gib", "planned/measured")]
+    + ["attention.cudnn_sdp_enabled_by_default"]  # one SDPA call at a new shape and again, per backend setting
+    + [f"attention.{b}.{k}" for b in ("default", "cudnn_off") for k in ("new_shape_ms", "repeat_ms")],
     "learner": ["first_step_s", "step_s", "scored_tokens_per_s", "packed_tokens_per_s", "peak_memory_gib",
                 "loss_finite"],
     "plan": [f"plan.ckpt_{mode}.{k}" for mode in ("off", "on") for k in
@@ -90,7 +93,8 @@ EXPECTED = {
        for k in ("identical_rows_frac", "tokens_and_exits_equal", "max_abs_logprob_diff")]
     + [f"load{v}.{k}" for v in (1, 2) for k in ("seconds", "outputs_changed")],
     "smoke": ["steps_logged", "wall_s", "step_time_s_mean", "rollout_tok_s_mean", "peak_memory_gb_max",
-              "reward_mean", "eval_solve_rate_final", "checkpoint_written"],
+              "reward_mean", "eval_solve_rate_final", "checkpoint_written", "generate_calls", "generate_first_s",
+              "generate_max_s"],
 }
 # positive, finite numbers in every run (memory on CPU is an RSS difference that tiny shapes may not move)
 POSITIVE = ["time.N8.naive_ms", "time.N8.triton_ms", "time.N4.chunked_ms", "rollout.b2.dense_tok_s",
@@ -208,6 +212,47 @@ def test_a_section_past_its_budget_is_stopped_and_skips_are_partial():
     result = gc.run_section("a", short, ctx)
     assert result.status == "partial" and result.skipped == ["the long part"]
     assert result.figures[0].value == "nan"  # JSON has no NaN
+
+
+def test_sub_steps_are_logged_and_a_cut_names_its_sub_step(capsys):
+    gc = _load()
+    ctx, _ = _ctx(0.3)
+
+    def endless(ctx, sec, deadline):
+        with sec.step("quick"):
+            sec.add("first", 1)
+        with sec.step("outer"), sec.step("inner"):
+            while True:
+                time.sleep(0.01)
+
+    result = gc.run_section("a", endless, ctx)
+    assert "(in sub-step 'inner')" in result.error and result.figures[0].name == "first"
+    log = capsys.readouterr().out
+    assert "a: quick: start" in log and "a: quick: done in" in log and "a: inner: cut after" in log
+
+
+def test_sigterm_writes_what_was_measured(tmp_path):
+    """The outer `timeout` sends SIGTERM: the JSON and Markdown get the running section's figures so far
+    (status error, naming its sub-step) and the sections not reached, then the run exits."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-u", str(SCRIPT), "--cpu-smoke", "--sections", "rollouts,learner",
+                             "--out", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # once the rollouts section has measured something
+            if "rollouts: warm-up" in line and "done in" in line:
+                proc.terminate()
+                break
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    rollouts = report["sections"]["rollouts"]
+    assert rollouts["status"] == "error" and "Terminated" in rollouts["error"]
+    assert "model_build_s" in [f["name"] for f in rollouts["figures"]]
+    assert report["sections"]["learner"]["status"] == "not run (SIGTERM)"
+    assert "| rollouts | error |" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_markdown_groups_figures_under_their_settings(tmp_path):
