@@ -396,16 +396,19 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
             del rollout, measured
         if batch is None:
             return
-        with rep.step(f"{tag}: update at micro-batch {mb_a}"):
+        def updates(name, plan):  # one update under each allocator setting, measured against the plan
             for mode in modes:
                 use_segments(ctx, mode[2])
                 held = optimizer_state_bytes(learner)
                 t = time.perf_counter()
                 measured = phase(ctx, lambda: learner.update(batch))
-                record(f"learner_mb{mb_a}", plan_a, measured, time.perf_counter() - t, mode, held)
-                rep.add(f"{tag}.learner_mb{mb_a}{mode[0]}.loss_finite", bool(math.isfinite(measured[0]["loss/total"])),
-                        "", setting)
+                record(name, plan, measured, time.perf_counter() - t, mode, held)
+                rep.add(f"{tag}.{name}{mode[0]}.loss_finite", bool(math.isfinite(measured[0]["loss/total"])), "",
+                        setting)
             use_segments(ctx, modes[0][2])
+
+        with rep.step(f"{tag}: update at micro-batch {mb_a}"):
+            updates(f"learner_mb{mb_a}", plan_a)
         with rep.step(f"{tag}: weight sync"):
             t = time.perf_counter()
             measured = phase(ctx, lambda: engine.load_weights(*learner.rollout_state_dict()))
@@ -420,15 +423,7 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
                               max_len=r.max_new_tokens, rollout_dtype=engine_dtype(recipe_b))
             model = None
             warm_up(learner, f"learner_mb{mb_b}_ckpt")
-            for mode in modes:
-                use_segments(ctx, mode[2])
-                held = optimizer_state_bytes(learner)
-                t = time.perf_counter()
-                measured = phase(ctx, lambda: learner.update(batch))
-                record(f"learner_mb{mb_b}_ckpt", plan_b, measured, time.perf_counter() - t, mode, held)
-                rep.add(f"{tag}.learner_mb{mb_b}_ckpt{mode[0]}.loss_finite",
-                        bool(math.isfinite(measured[0]["loss/total"])), "", setting)
-            use_segments(ctx, modes[0][2])
+            updates(f"learner_mb{mb_b}_ckpt", plan_b)
     finally:
         if learner is not None:
             close_learner(learner)

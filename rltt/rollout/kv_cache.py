@@ -27,7 +27,8 @@ from rltt.rollout.host_work import note_upload
 @contextmanager
 def without_cudnn_attention():
     """The engine's passes with SDPA's cuDNN backend off (restored after). cuDNN attention builds an
-    execution plan per new shape (hundreds of milliseconds), and a pass's attention shapes change with
+    execution plan per new shape (reported elsewhere at tens to hundreds of milliseconds; the first GPU
+    check's warm-ups point to it, not yet measured directly), and a pass's attention shapes change with
     every token (key length, entries, widths); the other backends need no per-shape build. The engine
     and `replay_logprobs` both run their passes under it, so a replay uses the same backend. No effect
     on CPU (no cuDNN backend there)."""
