@@ -85,8 +85,8 @@ def count(counter: ShapeCounter, label: str, engine: NativeEngine, prompts, para
     print(f"| {label} | {passes} | {counter.calls} | {counter.new} | {counter.new / max(passes, 1):.2f} |", flush=True)
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     print("| workload | passes | SDPA calls | new shapes | new per pass |\n|---|---:|---:|---:|---:|")
