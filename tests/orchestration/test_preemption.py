@@ -45,9 +45,18 @@ def varied(completion, answer, **kw):
 def gate(completion, answer, **kw):
     # holds the run's rewards (before its update) while the file hold exists and the run has
     # logged as many metrics rows as it says: a step of a subprocess run in progress, for a test
-    while os.path.exists("hold") and _rows() >= int(open("hold").read()):
+    while _held():
         time.sleep(0.01)
     return 0.0
+
+
+def _held():
+    # the test removes the file while a reward may be reading it: gone means released, never an error
+    try:
+        with open("hold") as f:
+            return _rows() >= int(f.read())
+    except (OSError, ValueError):
+        return False
 
 
 def _rows():
