@@ -8,7 +8,9 @@ replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never
 - ``native`` → `NativeEngine` on the given `LoopedForCausalLM` (in place: the engine and the
   learner may share it); every schedule; ``rollout.chunk_rows``, when an int, bounds the rows one
   batch of its passes holds (``auto`` and None: one batch per call); ``rollout.cuda_graphs``: its
-  bucketed passes replayed as CUDA graphs (null: on with CUDA; true on CPU is a recipe error).
+  bucketed passes replayed as CUDA graphs (null: on with CUDA; true on CPU is a recipe error);
+  ``rollout.attention``: ``sdpa`` or ``triton`` (`rltt.rollout.attention`; triton without a usable
+  Triton is a recipe error).
 - ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
   checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
   the call is a one-line error with the install command.
@@ -51,7 +53,8 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
         model_or_dir = load_looped(model_or_dir)
     chunk_rows = _get(rollout, "chunk_rows")  # an int once `rltt train` resolved ``auto`` from its plan
     return NativeEngine(model_or_dir, chunk_rows if isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
-                        else None, cuda_graphs=_get(rollout, "cuda_graphs"))
+                        else None, cuda_graphs=_get(rollout, "cuda_graphs"),
+                        attention=_get(rollout, "attention", "sdpa"))
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:

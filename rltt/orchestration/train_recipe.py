@@ -15,6 +15,7 @@ from rltt.model.model_source import ModelSource
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.ray.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
+from rltt.rollout.attention import ATTENTION
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
                            TrainSection, parsed_exit_policy, path_exists)
@@ -149,7 +150,10 @@ class RolloutSection:
     ``chunk_rows``: rows the native engine samples at once — ``auto`` (the largest multiple of
     ``group_size`` whose KV fits the device, `rltt.planning`) or N, a multiple of ``group_size``.
     ``cuda_graphs``: the native engine's passes padded to bucketed sizes and replayed as CUDA graphs
-    (`rltt.rollout.buckets`, docs/engine.md) — null: on with CUDA, off on CPU; true needs CUDA."""
+    (`rltt.rollout.buckets`, docs/engine.md) — null: on with CUDA, off on CPU; true needs CUDA.
+    ``attention``: the native engine's attention — ``sdpa`` (default; grouped SDPA calls) or ``triton``
+    (one Triton launch per layer reading the KV cache in place; needs Triton and CUDA; not yet measured
+    on a GPU; `rltt.rollout.attention`, docs/engine.md)."""
 
     engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
@@ -166,6 +170,7 @@ class RolloutSection:
     vllm: VllmSection = field(default_factory=VllmSection)
     chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
     cuda_graphs: bool | None = None  # native engine: bucketed passes replayed as CUDA graphs (null: on with CUDA)
+    attention: Literal[tuple(ATTENTION)] = "sdpa"  # type: ignore[valid-type]  # native engine: sdpa | triton
 
     def validate(self) -> None:
         if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):

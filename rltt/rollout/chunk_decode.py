@@ -53,11 +53,12 @@ class _ChunkRun:
 
 
 def run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
-              random: RowRandom, stops: set[int]) -> _ChunkRun:
+              random: RowRandom, stops: set[int], attention: str = "sdpa") -> _ChunkRun:
     """Run one batch of whole prompts to the end (``random``: its rows' draws). Its `PassExecutor` —
     the KV cache — holds ``len(prompts) · n`` rows of the chunk's longest prompt plus the longest
-    completion a row can reach (`kv_positions`), and goes when this returns."""
-    state, prefill = open_chunk(model, prompts, params, policy, random)
+    completion a row can reach (`kv_positions`), and goes when this returns. ``attention``: the
+    passes' attention implementation (`rltt.rollout.attention`)."""
+    state, prefill = open_chunk(model, prompts, params, policy, random, attention=attention)
     return decode_chunk(state, params, stops, [params.max_new_tokens] * state.executor.num_rows, prefill)
 
 
@@ -80,7 +81,8 @@ class ChunkState:
 
 
 def open_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
-               random: RowRandom, width: int | None = None) -> tuple[ChunkState, list[PassRecord]]:
+               random: RowRandom, width: int | None = None,
+               attention: str = "sdpa") -> tuple[ChunkState, list[PassRecord]]:
     """A chunk of ``len(prompts) · n`` rows ready to decode, and the passes of its shared prefill.
     The executor holds the longest prompt plus ``width`` completion positions per row (None: the
     longest completion ``params`` let a row reach, `kv_positions`), at most the model's positions."""
@@ -92,7 +94,7 @@ def open_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     max_positions = cfg.max_position_embeddings
     positions = (kv_positions(max(lengths), params, max_positions) if width is None
                  else min(max(lengths) + width, max_positions + 1))
-    executor = PassExecutor(model, num_rows, positions)
+    executor = PassExecutor(model, num_rows, positions, attention)
     for r, i in enumerate(prompt_index):
         executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
     sched = Scheduler(params.schedule, T, lengths)
@@ -119,7 +121,7 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
 
     out = [CompletedRow() for _ in range(num_rows)]
     cap = list(cap)  # each row's completion cap (a thinking budget's rule changes it)
-    schedule = Schedule(params.schedule, replayable=True)
+    schedule = Schedule(params.schedule, replayable=True, attention=executor.attention)
     schedule.passes.extend(passes)
     # the prefill's entries from its host-side records (`PassRecord.entries` reads a tensor sum)
     entries = sum(e - s + 1 for p in schedule.passes for _, s, e, _ in host_list(p.work))

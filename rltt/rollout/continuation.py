@@ -85,6 +85,7 @@ class ContinuedTurns(TurnSession):
     def __init__(self, engine: "NativeEngine", prompts: list[list[int]], params: SamplingParams, policy,
                  random: RowRandom, stops: set[int], width: int, first_prompt: int, n: int):
         self.model = engine.model
+        self.attention = engine.attention
         self.prompts, self.params, self.policy, self.stops, self.width = prompts, params, policy, stops, width
         # keys of its own: a later turn replaces a row's key in place
         self.random = object.__new__(RowRandom)
@@ -107,7 +108,8 @@ class ContinuedTurns(TurnSession):
         self.started = True
         start = time.perf_counter()
         params = self.params
-        self.state, prefill = open_chunk(self.model, self.prompts, params, self.policy, self.random, self.width)
+        self.state, prefill = open_chunk(self.model, self.prompts, params, self.policy, self.random, self.width,
+                                         attention=self.attention)
         run = decode_chunk(self.state, params, self.stops, [params.max_new_tokens] * self.num_rows, prefill)
         self.passes += run.schedule.passes
         index = [i for i in range(len(self.prompts)) for _ in range(params.n)]
@@ -179,7 +181,8 @@ class ContinuedTurns(TurnSession):
             stats = replace(stats, row_passes=stats.row_passes[torch.tensor(rows, dtype=torch.long)])
         cfg = self.model.config
         batch = completion_batch(prompts, prompt_index, [run.rows[r] for r in rows],
-                                 schedule=Schedule(params.schedule, list(run.schedule.passes), replayable=replayable),
+                                 schedule=Schedule(params.schedule, list(run.schedule.passes), replayable=replayable,
+                                                   attention=self.attention),
                                  params=params, stats=stats, num_loops=cfg.num_loops,
                                  dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0,
                                  gates=lambda i, k: run.gates[rows[i]])
@@ -192,7 +195,7 @@ class ContinuedTurns(TurnSession):
             self.state = None  # every episode ended: the executor (KV cache) goes now
 
     def record(self) -> Schedule:
-        return Schedule(self.params.schedule, list(self.passes), replayable=True)
+        return Schedule(self.params.schedule, list(self.passes), replayable=True, attention=self.attention)
 
     def close(self) -> None:
         self.state = None

@@ -20,6 +20,7 @@ import torch
 
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.buckets import attached
+from rltt.rollout.attention import resolve_attention
 from rltt.rollout.kv_cache import (GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload,
                                    without_cudnn_attention)
 
@@ -42,6 +43,10 @@ class _PassPlan:
     carry_rows: torch.Tensor  # the items' rows of ``carry`` viewed as (R·max_len, d)
     gate_cells: torch.Tensor  # the items' cells of ``gates`` viewed flat (T·R·max_len,)
     decode_cells: torch.Tensor  # each range's end (its decode token) in ``gates[t]`` viewed flat (R·max_len,)
+    # the items' cache slots ((step − 1)·R + row) and positions, for an attention that reads slots per
+    # item (`rltt.rollout.attention`, not ``grouped``); None with the grouped SDPA attention
+    item_slots: torch.Tensor | None = None
+    item_pos: torch.Tensor | None = None
 
     def restep(self, step: int, cache: StepKVCache) -> None:
         """The same ranges at another (uniform) step: move the cache slots the groups read and write."""
@@ -53,6 +58,8 @@ class _PassPlan:
                        for g in self.groups]
         self.item_steps = torch.full_like(self.item_steps, step)
         self.write_rows = self.write_rows + shift * heads * max_len
+        if self.item_slots is not None:
+            self.item_slots = self.item_slots + shift
         self.gate_cells = self.gate_cells + shift * max_len
         self.step = step
 
@@ -63,9 +70,12 @@ class PassExecutor:
     - ``tokens`` (R, max_len) int64: prompt + sampled tokens per row (positions from 0).
     - ``carry`` (R, max_len, d) model dtype: each token's carried state.
     - ``gates`` (T, R, max_len) fp32: λ_t of every computed entry, NaN elsewhere.
+
+    ``attention``: the attention implementation of its passes (`rltt.rollout.attention.ATTENTION`:
+    ``sdpa``, ``triton``); a replay uses the rollout's (`Schedule.attention`).
     """
 
-    def __init__(self, model: LoopedForCausalLM, num_rows: int, max_len: int):
+    def __init__(self, model: LoopedForCausalLM, num_rows: int, max_len: int, attention: str = "sdpa"):
         cfg = model.config
         param = model.lm_head.weight
         self.model, self.inner = model, model.model
@@ -74,6 +84,8 @@ class PassExecutor:
         self.num_loops = cfg.num_loops
         self.n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
         self.scale = cfg.head_dim**-0.5
+        self.attention = attention
+        self._attention = resolve_attention(attention, self.device)
         self.cache = StepKVCache(cfg.num_hidden_layers, cfg.num_loops, num_rows, cfg.num_key_value_heads,
                                  max_len, cfg.head_dim, self.dtype, self.device)
         self.tokens = torch.zeros(num_rows, max_len, dtype=torch.long, device=self.device)
@@ -105,7 +117,7 @@ class PassExecutor:
         carry_flat = self.carry.view(-1, self.carry.shape[-1])
         # step 1 reads no carry (z_1 = e): skip the gather
         carry = embeds if plan.uniform and steps[0] == 1 else carry_flat.index_select(0, plan.carry_rows)
-        attend = GroupedAttend(self.cache, plan.groups, plan.write_rows, self.scale)
+        attend = self._attention.attend(self.cache, plan, self.scale)
         size = None if self.buckets is None else self.buckets.size_of(embeds.shape[0])
         if size is not None:  # padded to a bucket's static shape (replayed as CUDA graphs on a GPU)
             h, carry = self.buckets.step(size, embeds, carry, step, plan.cos, plan.sin, attend)
@@ -129,7 +141,8 @@ class PassExecutor:
         device = self.device
         sizes = [e - s + 1 for s, e in zip(starts, ends)]
         n_items = sum(sizes)  # known on the host: no sync
-        layouts = layout_groups(rows, starts, ends, steps, self.num_rows)
+        grouped = self._attention.grouped
+        layouts = layout_groups(rows, starts, ends, steps, self.num_rows) if grouped else []
         # every index list of the plan in one upload; the rest is derived on the device
         views = upload([rows, steps, ends, starts, sizes] + [x for g in layouts for x in g.lists()], device)
         rows_t, steps_t, ends_t, starts_t, counts = views[:5]
@@ -153,6 +166,8 @@ class PassExecutor:
             carry_rows=item_rows * self.max_len + item_pos,
             gate_cells=((item_steps - 1) * self.num_rows + item_rows) * self.max_len + item_pos,
             decode_cells=rows_t * self.max_len + ends_t)
+        if not grouped:
+            plan.item_slots, plan.item_pos = (item_steps - 1) * self.num_rows + item_rows, item_pos
         self._plan = plan if uniform else None
         return plan
 

@@ -10,6 +10,9 @@ MLPs run batched over all items; each item writes its (k, v) into its own step's
 attention runs over the slots — one SDPA call for the single-token entries and one for the
 multi-token ones, whatever their steps — each item attending to the keys of its row and step at
 positions ≤ its own (causal among items of the same row and step).
+
+`SlotAttend` is its sibling for ``rollout.attention: triton`` (`rltt.rollout.attention`): the same
+writes, then one Triton launch per layer for every item, reading each item's slot in place.
 """
 
 from __future__ import annotations
@@ -271,3 +274,28 @@ class GroupedAttend:
         for g, o in zip(self.groups, outs):
             out[g.items] = o
         return out.unsqueeze(2)
+
+
+class SlotAttend:
+    """``attend(q, k, v, layer)`` for one pass with ``rollout.attention: triton``: the items' keys and
+    values are written as `GroupedAttend` writes them, then ONE launch of
+    `rltt.kernels.slot_attention.slot_attention` attends every item over its own cache slot read in
+    place — whatever the items' steps and entry widths, no gather. ``slots`` (N,): each item's slot
+    ``(step − 1)·R + row`` in the cache viewed as (T·R, Hkv, max_len, D); ``positions`` (N,): its
+    position (keys 0..position are read)."""
+
+    def __init__(self, cache: StepKVCache, write_rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                 scale: float):
+        from rltt.kernels.slot_attention import slot_attention  # lazy: triton is optional
+
+        self.kernel = slot_attention
+        self.cache, self.write_rows, self.slots, self.positions, self.scale = cache, write_rows, slots, positions, scale
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        cache = self.cache
+        n_items, num_heads, _, head_dim = q.shape
+        cache.key_rows[layer_idx].index_copy_(0, self.write_rows, k.reshape(-1, head_dim))
+        cache.value_rows[layer_idx].index_copy_(0, self.write_rows, v.reshape(-1, head_dim))
+        out = self.kernel(q.view(n_items, num_heads, head_dim), cache.key_slots[layer_idx],
+                          cache.value_slots[layer_idx], self.slots, self.positions, self.scale)
+        return out.unsqueeze(2)  # (N, Hq, 1, D)

@@ -24,6 +24,7 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.attention import resolve_attention
 from rltt.rollout.buckets import attach, pass_buckets
 from rltt.rollout.chunk_decode import check_prompts, run_chunk
 from rltt.rollout.completions import CompletedRow, completion_batch
@@ -49,12 +50,16 @@ class NativeEngine(RolloutEngine):
     counts, their pieces between attention calls captured as CUDA graphs and replayed
     (`rltt.rollout.buckets`). ``buckets`` (None: as ``cuda_graphs``): the bucketed passes without
     capture — on CPU they run eagerly, bit for bit the unbucketed passes' values.
+
+    ``attention`` (``rollout.attention``): ``sdpa`` (default) or ``triton`` — one Triton launch per
+    layer reading the cache slots in place (`rltt.rollout.attention`); recorded in each batch's
+    `Schedule.attention`, which `replay_logprobs` follows. Needs Triton, and CUDA or Triton's interpreter.
     """
 
     replayable = True
 
     def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None, cuda_graphs: bool | None = None,
-                 buckets: bool | None = None):
+                 buckets: bool | None = None, attention: str = "sdpa"):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
@@ -65,6 +70,8 @@ class NativeEngine(RolloutEngine):
         self.weights_version = 0
         self.extra_weights: dict[str, torch.Tensor] = {}
         self.buckets = pass_buckets(model, cuda_graphs, buckets)
+        resolve_attention(attention, model.lm_head.weight.device)  # a one-line error now, not at the first pass
+        self.attention = attention
 
     @torch.no_grad()
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -117,7 +124,7 @@ class NativeEngine(RolloutEngine):
         schedules, stats, sizes = [], [], []
         for first, end in self.chunks(len(prompts), n):  # each chunk's executor is freed when it returns
             chunk = run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
-                               stops)
+                               stops, self.attention)
             rows += chunk.rows
             gates += chunk.gates
             schedules.append(chunk.schedule)

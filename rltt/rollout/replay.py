@@ -67,7 +67,8 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         return
     lengths = batch.prompt_lengths[first:end]
     width = max(1, int(batch.completion_lengths[first:end].max()))
-    executor = PassExecutor(model, end - first, int(lengths.max()) + width)
+    # the rollout's attention implementation: another one rounds differently
+    executor = PassExecutor(model, end - first, int(lengths.max()) + width, batch.schedule.attention)
     for r in range(first, end):
         seq = batch.sequence(r)
         executor.tokens[r - first, : len(seq)] = torch.tensor(seq)

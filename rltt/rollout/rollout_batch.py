@@ -79,12 +79,16 @@ class Schedule:
     exits, and the forks with the index of their pass — and are rebuilt on load: a step's ~200
     passes of two or three small tensors each cost far more to pickle one by one than their
     data. The rebuilt passes equal the originals (dtypes, values, ``fork`` None or a tensor).
+
+    ``attention``: the attention implementation the passes ran with (`rltt.rollout.attention`:
+    ``sdpa``, ``triton``); replay runs them with the same one, since the two round differently.
     """
 
     kind: str
     passes: list[PassRecord] = field(default_factory=list)
     replayable: bool = False
     chunks: list[tuple[int, int]] | None = None
+    attention: str = "sdpa"
 
     def chunk_sizes(self, num_rows: int) -> list[tuple[int, int]]:
         """``(rows, passes)`` per chunk; one chunk of every row and pass when ``chunks`` is None."""
@@ -107,12 +111,13 @@ class Schedule:
         passes = self.passes
         forked = [i for i, p in enumerate(passes) if p.fork is not None]
         flat = {"kind": self.kind, "replayable": self.replayable, "passes": len(passes),
-                "fork_pass": torch.tensor(forked, dtype=torch.long), "chunks": self.chunks}
+                "fork_pass": torch.tensor(forked, dtype=torch.long), "chunks": self.chunks,
+                "attention": self.attention}
         for name, records in (("work", [p.work for p in passes]), ("exits", [p.exits for p in passes]),
                               ("fork", [passes[i].fork for i in forked])):
             if not _packable(records):  # odd shapes or mixed dtypes: pickled pass by pass
                 return {"kind": self.kind, "replayable": self.replayable, "passes": list(passes),
-                        "chunks": self.chunks}
+                        "chunks": self.chunks, "attention": self.attention}
             flat[name] = _narrow(torch.cat(records)) if records else None
             flat[f"{name}_dtype"] = records[0].dtype if records else None
             flat[f"{name}_counts"] = torch.tensor([len(t) for t in records], dtype=torch.long)
@@ -122,6 +127,7 @@ class Schedule:
         self.kind = state["kind"]
         self.replayable = state["replayable"]
         self.chunks = state.get("chunks")
+        self.attention = state.get("attention", "sdpa")
         if isinstance(state["passes"], list):
             self.passes = state["passes"]
             return
@@ -142,9 +148,13 @@ def join_schedules(parts: Sequence[Schedule], rows: Sequence[int]) -> Schedule:
     """One record of batches sampled apart: ``parts[k]`` recorded ``rows[k]`` rows, placed after
     the rows of the parts before it. Passes are listed part after part with their rows renumbered,
     and ``chunks`` keeps each part's chunks (a part without any is one chunk), so replay runs
-    every chunk on the rows it ran with. One part is returned as it is."""
+    every chunk on the rows it ran with. One part is returned as it is. The parts must share one
+    attention implementation (the record has one)."""
     if len(parts) == 1:
         return parts[0]
+    attention = {p.attention for p in parts}
+    if len(attention) > 1:
+        raise ValueError(f"join_schedules: parts ran different attention implementations {sorted(attention)}")
     passes: list[PassRecord] = []
     chunks: list[tuple[int, int]] = []
     offset = 0
@@ -152,7 +162,8 @@ def join_schedules(parts: Sequence[Schedule], rows: Sequence[int]) -> Schedule:
         passes.extend(record.offset(offset) for record in schedule.passes)
         chunks.extend(schedule.chunk_sizes(count))
         offset += count
-    return Schedule(parts[0].kind, passes, replayable=all(p.replayable for p in parts), chunks=chunks)
+    return Schedule(parts[0].kind, passes, replayable=all(p.replayable for p in parts), chunks=chunks,
+                    attention=parts[0].attention)
 
 
 def _packable(tensors: list[torch.Tensor]) -> bool:
