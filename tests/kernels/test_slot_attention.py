@@ -158,3 +158,58 @@ def test_random_passes(data):
     out = slot_attention(q, key_slots, value_slots, slot, qpos, d ** -0.5)
     torch.testing.assert_close(out, slot_attention_reference(q, key_slots, value_slots, slot, qpos, d ** -0.5),
                                **TOL[torch.float32])
+
+
+def compile_for_gpus() -> dict:
+    """Compile the kernel ahead of time for sm_80 and sm_90 in bf16, fp16 and fp32 with the CUDA block
+    size and head dim 128 (run in a child process without the interpreter)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from rltt.kernels import slot_attention as sa
+
+    out = {}
+    for arch in (80, 90):
+        for t in ("bf16", "fp16", "fp32"):
+            fn = triton.jit(sa._slot_attention_kernel)
+            cfg = dict(BLOCK_N=sa.BLOCK_N["cuda"], BLOCK_D=128)
+            # q, k, v, slot, qpos, out, scale, 14 strides, head_dim, n_rep
+            types = [f"*{t}"] * 3 + ["*i64", "*i64", f"*{t}", "fp32"] + ["i32"] * 16
+            signature = dict(zip([a for a in fn.arg_names if a not in cfg], types))
+            signature.update({k: "constexpr" for k in cfg})
+            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                       if signature[a].startswith("*")}
+            try:
+                compiled = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs=cfg, attrs=aligned),
+                                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+                out[f"sm{arch}-{t}"] = {"elf": compiled.asm["cubin"][:4] == b"\x7fELF",
+                                        "shared": compiled.metadata.shared}
+            except Exception as exc:  # noqa: BLE001 - reported per case
+                out[f"sm{arch}-{t}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+    return out
+
+
+def test_compiles_for_gpus(tmp_path):
+    """What can be checked without a GPU: the kernel compiles to a cubin for A100 and H100/H200 in every
+    model dtype (tests/kernels/test_triton_aot.py does the same for the log-prob kernels)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.kernels.test_triton_aot import ROOT, missing_backend
+
+    reason = missing_backend()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    code = ("import json; from tests.kernels.test_slot_attention import compile_for_gpus; "
+            "print('RESULTS', json.dumps(compile_for_gpus()))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULTS "))[len("RESULTS "):])
+    assert len(got) == 6
+    for case, result in got.items():
+        assert "error" not in result and result["elf"], (case, result)
