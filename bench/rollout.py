@@ -241,7 +241,7 @@ def run_vllm(args) -> tuple[list[dict], str]:
 def run_buckets(args) -> tuple[list[dict], str]:
     """The unbucketed and the bucketed (eager) native engine on the same model and prompts, dense and
     deferred with sampled exits: tokens per second, their ratio and bitwise equality of the outputs."""
-    from rltt.rollout.buckets import PassBuckets, bucket_of
+    from rltt.rollout.buckets import PassBuckets
     from rltt.rollout.graph_emulation import EmulatedGraphs
 
     torch.set_num_threads(args.threads)
@@ -269,7 +269,7 @@ def run_buckets(args) -> tuple[list[dict], str]:
                 (a.completion_ids, b.completion_ids), (a.exit_steps, b.exit_steps), (a.logprobs, b.logprobs),
                 (a.tempered_logprobs, b.tempered_logprobs), (a.gate_probs.nan_to_num(-1), b.gate_probs.nan_to_num(-1))))
             same = same and all(torch.equal(p.work, q.work) for p, q in zip(a.schedule.passes, b.schedule.passes))
-            padded = [bucket_of(int(p.entries())) for p in b.schedule.passes]
+            padded = [bucketed.buckets.size_of(int(p.entries())) for p in b.schedule.passes]
             tokens = bsz * args.new_tokens
             row = dict(batch=bsz, group=group, schedule=schedule, plain_tps=tokens / best["plain"],
                        bucketed_tps=tokens / best["bucketed"], passes=len(padded),

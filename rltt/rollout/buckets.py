@@ -16,10 +16,15 @@ else — the layers' norms, projections, RoPE, MLPs and the final norm — depen
   (`GroupedAttend`, which writes the real items' keys and values) runs eagerly between replays on
   the real items. On CPU the same pieces run eagerly.
 - Passes of fewer than `SMALLEST` items, or more than the table's largest bucket, run unbucketed
-  (today's code). Why four: a CPU fp32 GEMM computes a row with one of three kernels depending on
-  the batch's row count (1, 2–3, >= 4), so a batch padded from 3 rows to 4 would change its rows'
-  bits; from 4 rows up, padding does not (tests/rollout/test_buckets.py checks the bucketed path
-  against the unbucketed one bit for bit).
+  (today's code). Why: a CPU GEMM computes a row with one of a few kernels depending on the
+  batch's row count, so a batch padded across such a boundary would change its rows' bits. Where
+  the boundaries lie depends on the CPU, the BLAS build, the thread count and the GEMM's shape
+  (one development machine: 1, 2-3, >= 4 rows; another, AVX-512 with AMX: 1, 2-5, >= 6 at K = 128,
+  >= 16 at K = 512, and single counts such as 25 or 129 in a tiny model's loop step). So on CPU
+  this is measured, not assumed: `cpu_padding_check` runs the model's own loop step (every layer,
+  LoRA and injection GEMM in it) at each item count and at its bucket, and a count whose real rows
+  change runs unpadded (tests/rollout/test_buckets.py checks the bucketed path against the
+  unbucketed one bit for bit).
 
 Exactness: the bucketed and the unbucketed pass compute the same values bit for bit on CPU (fp32
 and bf16). On a GPU a wider GEMM may run another kernel, so there the bucketed rollout equals the
@@ -57,6 +62,114 @@ def bucket_of(items: int, table: tuple[int, ...] = BUCKETS) -> int | None:
         if size >= items:
             return size
     return None
+
+
+#: what `cpu_padding_check` measured, per model configuration, dtype, thread count and table
+_CHECKS: dict[tuple, "PaddingCheck"] = {}
+#: item counts up to this are each checked; above it, each bucket's range by its edges and middle
+DENSE_CHECK = 128
+#: random inputs per checked count (a GEMM's kernel class depends on shapes, not values: one draw)
+DRAWS = 1
+#: bytes an elementwise CPU kernel's vector loop handles at once (two 64-byte vectors on AVX-512)
+#: and the elements below which it runs on one thread: a tensor's elements past the last whole
+#: vector loop (its tail, and each thread's chunk's) are computed by scalar code, whose bits differ
+#: from the vector body's for a few per cent of inputs (SiLU in fp32 on AVX-512: 4 %)
+VECTOR_BYTES, GRAIN = 128, 32768
+
+
+def _row_widths(config) -> set[int]:
+    """The per-item widths of the tensors a loop step's elementwise kernels run over."""
+    heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    inter = config.intermediate_size
+    return {config.hidden_size, inter, 2 * inter, heads * dim, kv * dim, (heads + 2 * kv) * dim}
+
+
+def tail_free(items: int, size: int, widths: set[int], itemsize: int, threads: int) -> bool:
+    """Whether every elementwise kernel of a pass of ``items`` items padded to ``size`` computes the
+    real items' elements in its vector body in both runs: each tensor's elements a whole number of
+    vector loops, and so is each thread's chunk where the tensor is split among threads (an
+    approximation of the CPU kernels' loop structure; `cpu_padding_check` measures the rest)."""
+    for w in widths:
+        for n in (items, size):
+            numel = n * w
+            chunks = min(threads, -(-numel // GRAIN)) if threads > 1 else 1
+            if numel * itemsize % VECTOR_BYTES or (chunks > 1 and -(-numel // chunks) * itemsize % VECTOR_BYTES):
+                return False
+    return True
+
+
+@dataclass(frozen=True)
+class PaddingCheck:
+    """Which item counts may be padded on this machine without changing a real row's bits:
+    counts up to `DENSE_CHECK` one by one, larger ones by their bucket."""
+
+    bad_counts: frozenset[int]  # counts <= DENSE_CHECK whose rows changed when padded
+    bad_buckets: frozenset[int]  # buckets > DENSE_CHECK one of whose checked counts changed
+
+    def allows(self, items: int, size: int) -> bool:
+        return items not in self.bad_counts if items <= DENSE_CHECK else size not in self.bad_buckets
+
+
+def _checked_counts(table: tuple[int, ...]) -> list[int]:
+    """Item counts `cpu_padding_check` pads: every count up to `DENSE_CHECK`, then each larger
+    bucket's range by its two edges and middle (a count that is already a bucket is not padded)."""
+    counts, prev = set(range(SMALLEST, min(table[-1], DENSE_CHECK) + 1)), SMALLEST
+    for b in table:
+        if b > DENSE_CHECK:
+            counts.update({prev + 1, (prev + b) // 2, b - 1})
+        prev = b
+    return sorted(n for n in counts if bucket_of(n, table) not in (None, n))
+
+
+@torch.no_grad()
+def cpu_padding_check(inner, config, dtype: torch.dtype, table: tuple[int, ...] = BUCKETS) -> PaddingCheck:
+    """Which passes padding leaves bitwise unchanged on this CPU: the loop step (``inner.step``:
+    injection, every layer's GEMMs, LoRA included, with the attention's output given, final norm)
+    run at each checked count ``n`` and at its bucket, at step 1, a later step and per-item steps,
+    with the same inputs in the first ``n`` rows; a count whose rows differ at any of them runs
+    unpadded. Rows differ through a GEMM's kernel class, chosen by the row count (measured here,
+    value-independent), or through an elementwise kernel's scalar tail, set by the tensor's size
+    and hit only by some values (so not measured by a few draws: `tail_free` rules those counts out
+    by their sizes, and they are not checked here). Kernel choice depends on shapes, not values, so the result is cached per
+    configuration, dtype, thread count and table (random inputs; the caller's random state is not
+    touched)."""
+    key = (config.to_json_string(use_diff=False), dtype, torch.get_num_threads(), table)
+    check = _CHECKS.get(key)
+    if check is not None:
+        return check
+    gen = torch.Generator().manual_seed(0)
+    rows, d, head_dim = table[-1], config.hidden_size, config.head_dim
+
+    def rand(*shape):
+        return torch.randn(DRAWS, *shape, generator=gen).to(dtype)
+
+    embeds, carry, cos, sin = rand(rows, 1, d), rand(rows, 1, d), rand(rows, 1, 1, head_dim), rand(rows, 1, 1, head_dim)
+    attn = rand(rows, config.num_attention_heads, 1, head_dim)
+    loops = config.num_loops
+    kinds = [1] + ([2] if loops > 1 else []) + [torch.arange(rows) % loops + 1]
+    bad: set[int] = set()
+    widths, itemsize, threads = _row_widths(config), torch.empty(0, dtype=dtype).element_size(), torch.get_num_threads()
+    for step in kinds:
+        for i in range(DRAWS):
+            padded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+            def run(n):
+                at = step if isinstance(step, int) else step[:n]
+                out = attn[i, :n]
+                return inner.step(embeds[i, :n], carry[i, :n], at, cos[i, :n], sin[i, :n], lambda q, k, v, layer: out)
+
+            for n in _checked_counts(table):
+                size = bucket_of(n, table)
+                if n in bad or not tail_free(n, size, widths, itemsize, threads):
+                    continue
+                if size not in padded:
+                    padded[size] = run(size)
+                (h_n, c_n), (h_b, c_b) = run(n), padded[size]
+                if not (torch.equal(h_n, h_b[:n]) and torch.equal(c_n, c_b[:n])):
+                    bad.add(n)
+    check = _CHECKS[key] = PaddingCheck(frozenset(n for n in bad if n <= DENSE_CHECK),
+                                        frozenset(bucket_of(n, table) for n in bad if n > DENSE_CHECK))
+    return check
 
 
 def resolve_cuda_graphs(setting: bool | None, device: torch.device | str, key: str = "rollout.cuda_graphs") -> bool:
@@ -124,13 +237,24 @@ class PassBuckets:
         self.buckets: dict[int, _Bucket] = {}
         self.signature: tuple | None = None
         self.graphs = graphs if graphs is not None else (CudaGraphs(self.device) if capture else None)
+        # on CPU, the item counts padding would change (`cpu_padding_check`, made at the first pass);
+        # with CUDA none is excluded: there the bucketed rollout need only equal its own replay
+        self.check: PaddingCheck | None = PaddingCheck(frozenset(), frozenset()) if self.device.type == "cuda" else None
         self.replays = 0  # passes served by replaying captured graphs
         self.eager = 0  # bucketed passes run eagerly (CPU, or a capture's first pass)
         self.captures = 0  # (bucket, step kind) passes captured: L + 1 graphs each
 
     # -- buffers --------------------------------------------------------------------------------
     def size_of(self, items: int) -> int | None:
-        return bucket_of(items, self.table)
+        size = bucket_of(items, self.table)
+        if size is None or size == items:
+            return size
+        if self.check is None:
+            self.check = cpu_padding_check(self.inner, self.inner.config, self.dtype, self.table)
+            self._widths, self._itemsize = _row_widths(self.inner.config), torch.empty(0, dtype=self.dtype).element_size()
+        if self.device.type != "cuda" and not tail_free(items, size, self._widths, self._itemsize, torch.get_num_threads()):
+            return None
+        return size if self.check.allows(items, size) else None
 
     def bucket(self, size: int) -> _Bucket:
         b = self.buckets.get(size)

@@ -10,7 +10,8 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
-from rltt.rollout.buckets import BUCKETS, SMALLEST, PassBuckets, attach, bucket_of, resolve_cuda_graphs
+from rltt.rollout.buckets import (BUCKETS, SMALLEST, PassBuckets, attach, bucket_of, resolve_cuda_graphs,
+                                  tail_free)
 from rltt.rollout.executor import PassExecutor
 
 from .helpers import prompts, tiny_model
@@ -50,7 +51,7 @@ def _compare(model, sizes, params, chunk_rows=None):
 POLICIES = ["sample", "threshold:0.6", "final", "fixed:2"]
 DTYPES = [torch.float32, torch.bfloat16]
 # (prompt lengths, n): passes of 1-3 items (unbucketed), 4 and more (padded), prefill and pending entries
-SHAPES = [([3, 6], 2), ([2, 5, 7], 3), ([4, 1, 9, 2, 6], 1), ([5], 6), ([3, 8, 2, 4], 5)]
+SHAPES = [([3, 6], 2), ([2, 5, 7], 4), ([4, 1, 9, 2, 6], 1), ([5], 6), ([3, 8, 2, 4], 5)]
 CASES = list(itertools.product(DTYPES, ["dense", "deferred"], POLICIES))
 
 
@@ -91,18 +92,18 @@ def test_a_sweep_of_batch_sizes_and_loops(dtype, loops):
     for rows, schedule, policy in itertools.product((4, 5, 7, 11, 16), ("dense", "deferred"), ("sample", "final")):
         params = SamplingParams(temperature=1.0, max_new_tokens=5, n=1, seed=rows, exit_policy=policy,
                                 schedule=schedule)
-        batch, _ = _compare(model, [1 + (3 * r) % 5 for r in range(rows)], params)
-        seen |= {int(p.entries()) for p in batch.schedule.passes}
-    assert any(n >= SMALLEST and n not in BUCKETS for n in seen)  # padded passes among them
+        batch, buckets = _compare(model, [1 + (3 * r) % 5 for r in range(rows)], params)
+        seen |= {int(p.entries()) for p in batch.schedule.passes if buckets.size_of(int(p.entries())) is not None}
+    assert any(n not in BUCKETS for n in seen)  # padded passes among them
 
 
 @pytest.mark.parametrize("dtype,schedule", [(torch.float32, "deferred"), (torch.bfloat16, "dense"),
                                             (torch.bfloat16, "deferred")])
 def test_replay_of_a_bucketed_rollout_is_bitwise(dtype, schedule):
     model = tiny_model(dtype=dtype)
-    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=6, n=3, seed=4, exit_policy="sample",
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=6, n=4, seed=4, exit_policy="sample",
                             schedule=schedule)
-    engine = NativeEngine(model, chunk_rows=6, buckets=True)
+    engine = NativeEngine(model, chunk_rows=12, buckets=True)
     batch = engine.generate(prompts([3, 5, 2], seed=1), params)
     replays = engine.buckets.eager
     replayed = replay_logprobs(model, batch)  # follows the engine that sampled: bucketed passes
@@ -360,14 +361,27 @@ def test_a_failed_capture_is_a_one_line_error_naming_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("schedule", ["dense", "deferred"])
 def test_a_wider_model_where_row_counts_change_fp32_kernels(schedule):
-    """At d = 256 a CPU fp32 GEMM's row values depend on the batch's row class (1, 2-3, >= 4): padding a
-    pass of 1-3 items would change bits here (checked by hand: with `SMALLEST` = 1 five of six of these
-    rollouts differ). With passes of 1-3 items left unpadded and larger ones padded, all are equal."""
+    """At d = 256 a CPU fp32 GEMM's row values depend on the batch's row class (on one machine 1, 2-3,
+    >= 4; on another, AVX-512, 1, 2-5, >= 6 up to >= 16 by the GEMM's depth): padding across a class
+    boundary would change bits here. With the counts the engine measured unsafe
+    (`cpu_padding_check`) left unpadded and the others padded, all are equal, and some are padded."""
     model = tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
     padded = 0
     for sizes, n in (([3, 5], 1), ([2, 6, 3], 1), ([1, 2, 3, 4, 5], 1), ([4, 4], 3)):
         params = SamplingParams(temperature=1.0, max_new_tokens=6, n=n, seed=5, exit_policy="sample",
                                 schedule=schedule)
-        batch, _ = _compare(model, sizes, params)
-        padded += sum(SMALLEST <= p.entries() and p.entries() not in BUCKETS for p in batch.schedule.passes)
+        batch, buckets = _compare(model, sizes, params)
+        padded += sum(buckets.size_of(int(p.entries())) not in (None, p.entries()) for p in batch.schedule.passes)
     assert padded > 0
+
+
+def test_tail_free_counts_whole_vector_loops():
+    """A pass is padded only where every per-item width fills whole 128-byte vector loops at both
+    sizes (an elementwise kernel's scalar tail gives other bits than its vector body), on one thread
+    and in each thread's chunk once a tensor is split among threads."""
+    assert tail_free(6, 8, {48}, 4, 1) and tail_free(4, 8, {16}, 4, 1)
+    assert not tail_free(5, 8, {48}, 4, 1)  # 5 · 48 fp32 values: 960 bytes, a 64-byte tail
+    assert not tail_free(6, 8, {48, 16}, 2, 1)  # 6 · 16 bf16 values: 192 bytes
+    assert tail_free(2048, 2048, {2048}, 2, 1) and tail_free(100, 128, {2048}, 2, 2)
+    # 1025 · 32 fp32 values: whole loops on one thread, but split in two chunks of 16,400 values
+    assert tail_free(1025, 1025, {32}, 4, 1) and not tail_free(1025, 1025, {32}, 4, 2)
