@@ -36,7 +36,13 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   32, ``replay_logprobs`` bitwise against a sampled deferred rollout, and the native engine with
   ``rollout.cuda_graphs`` on and off at batch 32 (host work per pass — operators per layer-pass,
   syncs and reads per pass —, tokens/s, replay bitwise with the graphs, the buckets' and graph
-  pool's bytes against the plan; on CPU "on" is the same bucketed passes run eagerly);
+  pool's bytes against the plan; on CPU "on" is the same bucketed passes run eagerly); last, on
+  whatever time the section has left (so it is the first skipped), ``rollout.attention: triton``
+  with the graphs on at that batch and length (never run on a GPU before): tokens/s of dense and
+  deferred and their ratio to the SDPA figures just measured, host work per pass, rows whose
+  tokens and exits equal SDPA's and the log-probs' largest difference on them, and a sampled
+  deferred rollout's ``replay_logprobs`` bitwise; a compile or launch error is recorded as that
+  sub-step's failure (with whether CUDA still works after it);
 - ``learner``: one RL learner step (packed scoring, backward, AdamW) on that model, after a
   warm-up step: tokens per second and peak memory;
 - ``plan``: `rltt plan`'s rollout and learner phase peaks (less its runtime component) against
@@ -126,7 +132,9 @@ class Shapes:
             # 35 s, learner 16 s, deepspeed 149 s with one sub-step (60 s) skipped, smoke 105 s; rollouts and
             # plan ran out of time (125 s, 225 s; 35 s, 63 s): 537 s without vLLM's, under `timeout 560`.
             # deepspeed's card80 now measures each phase under both allocator settings after a warm-up
-            # update (about 90 s of its 185); smoke gets 80 s (its 105 s were first-shape attention costs)
+            # update (about 90 s of its 185); smoke gets 80 s (its 105 s were first-shape attention costs).
+            # rollouts' last sub-step (rollout.attention: triton) has no time of its own: it runs on what the
+            # section's 140 s leave (TRITON_ATTENTION_S to start)
             budgets=dict(imports=12, kernels=45, rollouts=140, learner=25, plan=50, deepspeed=185, vllm=150,
                          smoke=80),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
@@ -201,8 +209,8 @@ class SectionResult:
         try:
             yield
             self.log(f"{what}: done in {time.perf_counter() - start:.1f} s")
-        except Exception as exc:  # noqa: BLE001 - recorded
-            self.failures.append(f"{what}: {type(exc).__name__}: {exc}".strip()[:1000])
+        except Exception as exc:  # noqa: BLE001 - recorded (one line: a Triton compile error spans many)
+            self.failures.append(" ".join(f"{what}: {type(exc).__name__}: {exc}".split())[:1000])
             print(f"[gpu_check] {self.name}: {what} FAILED after {time.perf_counter() - start:.1f} s\n"
                   f"{traceback.format_exc()}", flush=True)
         except BaseException:  # the section's alarm or SIGTERM: name the innermost sub-step it cut
@@ -668,8 +676,9 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
         for schedule in ("dense", "deferred"):
             native(warm, schedule, "sample", new_tokens=4)
 
+    sdpa_on: dict = {}  # the graphs-on SDPA rollouts, compared with the Triton attention's at the end
     with sec.step("CUDA graphs on and off"):
-        cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline)
+        cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline, kept=sdpa_on)
 
     rb = s.replay_batch
     setting = (f"{base}; batch {rb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, temperature 1, sampled "
@@ -731,22 +740,37 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
                f"a warm-up; target native >= 2x; bf16 rounding may split greedy paths")
     if not deadline.allows(30 if ctx.cuda else 1):
         sec.skip(f"native vs generate() at batch {gb}")
+    else:
+        with sec.step(f"native vs generate() at batch {gb}"):
+            ids = prompts(gb, 1000 + gb)
+            t_native, out = ctx.timed(lambda: native(ids, "deferred", "final"))
+            with torch.no_grad():
+                hf_ids = ids.to(ctx.device)
+                model.generate(hf_ids[:, :4], max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)
+                t_hf, hf = ctx.timed(lambda: model.generate(hf_ids, max_new_tokens=s.new_tokens,
+                                                            min_new_tokens=s.new_tokens, do_sample=False,
+                                                            pad_token_id=0))
+            tokens = gb * s.new_tokens
+            same_rows = (out.completion_ids.cpu() == hf[:, s.prompt_len:].cpu()).all(dim=1).float().mean()
+            sec.add(f"generate.b{gb}.native_final_tok_s", round(tokens / t_native, 2), "tok/s", setting)
+            sec.add(f"generate.b{gb}.hf_generate_tok_s", round(tokens / t_hf, 2), "tok/s", setting)
+            sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
+            sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
+            del out, hf
+
+    # last, so it takes only what the section has left (the first thing skipped): rollout.attention triton
+    # at the graphs comparison's batch and length, against that sub-step's SDPA rollouts (never run on a GPU
+    # before this check: a compile error or a failed launch is recorded as this sub-step's failure)
+    if not deadline.allows(TRITON_ATTENTION_S if ctx.cuda else 1):
+        sec.skip("Triton attention (rollout.attention: triton)")
         return
-    with sec.step(f"native vs generate() at batch {gb}"):
-        ids = prompts(gb, 1000 + gb)
-        t_native, out = ctx.timed(lambda: native(ids, "deferred", "final"))
-        with torch.no_grad():
-            hf_ids = ids.to(ctx.device)
-            model.generate(hf_ids[:, :4], max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)
-            t_hf, hf = ctx.timed(lambda: model.generate(hf_ids, max_new_tokens=s.new_tokens,
-                                                        min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0))
-        tokens = gb * s.new_tokens
-        same_rows = (out.completion_ids.cpu() == hf[:, s.prompt_len:].cpu()).all(dim=1).float().mean()
-        sec.add(f"generate.b{gb}.native_final_tok_s", round(tokens / t_native, 2), "tok/s", setting)
-        sec.add(f"generate.b{gb}.hf_generate_tok_s", round(tokens / t_hf, 2), "tok/s", setting)
-        sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
-        sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
-        del out, hf
+    failed = len(sec.failures)
+    with sec.step("Triton attention (rollout.attention: triton)"):
+        triton_attention(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline, sdpa_on)
+    if ctx.cuda and len(sec.failures) > failed:  # a failed launch can leave the CUDA context unusable
+        sec.add("triton.cuda_usable_after_failure", cuda_usable(), "",
+                f"{base}; after the Triton attention sub-step failed: a tiny CUDA op and a synchronize still "
+                f"succeed (if not, the later in-process sections fail for this reason)")
 
 
 @contextmanager
@@ -819,11 +843,23 @@ def attention_shape_cost(ctx: Context, sec: SectionResult, model, base: str, cal
         sec.add(f"attention.{label}.repeat_ms", round(1e3 * sum(again) / len(again), 3), "ms per call", setting)
 
 
-def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, deadline: Deadline) -> None:
+def graphs_new_tokens(ctx: Context) -> int:
+    """New tokens per row of the CUDA graphs comparison (and of the Triton attention's, at its batch)."""
+    return max(3, ctx.shapes.new_tokens // 4)
+
+
+def _kept(out) -> dict:
+    """What the Triton attention's sub-step compares of an SDPA rollout, on the host (so the GPU copies can go)."""
+    return {k: getattr(out, k).cpu() for k in ("completion_ids", "exit_steps", "logprobs", "completion_mask")}
+
+
+def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, deadline: Deadline,
+                       kept: dict | None = None) -> None:
     """The native engine with its bucketed passes replayed as CUDA graphs (on CPU: the same bucketed passes
     run eagerly, `NativeEngine(buckets=True)`) and without: host work per pass (rltt.rollout.host_work:
     operators per (layer · pass), syncs and reads per pass), tokens/s, whether the outputs agree, replay
-    of the graphs' rollout bitwise, and the bytes the buckets and the graph pool keep against the plan."""
+    of the graphs' rollout bitwise, and the bytes the buckets and the graph pool keep against the plan.
+    ``kept``: filled with each schedule's "on" rollout (`_kept`) and its timed seconds, for `triton_attention`."""
     import torch
 
     from rltt.planning.graph_memory import engine_graphs_bytes
@@ -831,7 +867,7 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
     from rltt.rollout.host_work import rollout_host_work
 
-    bsz, new_tokens = ids.shape[0], max(3, ctx.shapes.new_tokens // 4)
+    bsz, new_tokens = ids.shape[0], graphs_new_tokens(ctx)
     on_label = "CUDA graphs" if ctx.cuda else "bucketed passes run eagerly (no CUDA)"
     setting = (f"{base}; batch {bsz}, prompt {ids.shape[1]}, {new_tokens} new tokens, greedy tokens, sampled exits; "
                f"on = {on_label}, off = unbucketed passes; one timed run each after a warm-up")
@@ -857,6 +893,8 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
             sec.log(f"graphs {schedule} {name}: warm-up {warm_s:.1f} s")
             t, outs[schedule, name] = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
             times[schedule, name] = t
+            if name == "on" and kept is not None:
+                kept[schedule] = dict(_kept(outs[schedule, name]), seconds=t)
             sec.add(f"graphs.{schedule}.{name}.warmup_s", round(warm_s, 2), "s (first call: captures, new shapes)",
                     setting)
             sec.add(f"graphs.{schedule}.{name}.tok_s", round(bsz * new_tokens / t, 2), "tok/s", setting)
@@ -900,6 +938,117 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     from rltt.rollout.buckets import attach
 
     attach(model, None)
+
+
+#: the time left the Triton attention's sub-step needs to start on the GPU (never measured there): one
+#: schedule's warm-up (the kernel's compile, the engine's own graph captures), its timed run and its
+#: host-work profile; the other schedule and the replay are guarded again inside
+TRITON_ATTENTION_S = 25
+
+
+def cuda_usable() -> bool:
+    """Whether a tiny CUDA op and a synchronize still succeed (a failed kernel launch can poison the context)."""
+    import torch
+
+    try:
+        (torch.ones(1, device="cuda") + 1).cpu()
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - the answer
+        return False
+
+
+def triton_attention(ctx: Context, sec: SectionResult, model, ids, base: str, deadline: Deadline,
+                     sdpa_on: dict) -> None:
+    """``rollout.attention: triton`` (one `rltt.kernels.slot_attention` launch per layer over the cache
+    slots read in place) with CUDA graphs on (on CPU: the bucketed passes run eagerly, the kernel under
+    Triton's interpreter), at the CUDA graphs comparison's batch, prompts and length: per schedule
+    (deferred first) tokens/s, its ratio to the graphs-on SDPA rollout of `cuda_graphs_on_off` (``sdpa_on``,
+    same process, same prompts and parameters), host work per pass, and how many rows' tokens and exits
+    equal SDPA's (with the log-probs' largest difference on those rows); then a sampled deferred rollout
+    replayed bitwise with `replay_logprobs`."""
+    import torch
+
+    from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
+    from rltt.rollout.buckets import attach
+    from rltt.rollout.host_work import rollout_host_work
+
+    bsz, new_tokens = ids.shape[0], graphs_new_tokens(ctx)
+    on_label = "CUDA graphs" if ctx.cuda else "bucketed passes run eagerly (no CUDA), Triton's interpreter"
+    setting = (f"{base}; rollout.attention triton, {on_label}; batch {bsz}, prompt {ids.shape[1]}, {new_tokens} "
+               f"new tokens, greedy tokens, sampled exits; one timed run after a warm-up (the warm-up compiles "
+               f"the kernel and captures this engine's graphs); the prompts and parameters of graphs.*.on")
+    host_note = ("; host work: aten operators as for graphs.*.on — the slot-attention kernel itself (one Triton "
+                 "launch per layer-pass) is not an aten operator and is not in these counts")
+    if ctx.cuda:
+        engine = NativeEngine(model, cuda_graphs=True, attention="triton")
+    else:
+        engine = NativeEngine(model, buckets=True, attention="triton")
+
+    def params(schedule, temperature=0.0, seed=1):
+        return SamplingParams(temperature=temperature, max_new_tokens=new_tokens, exit_policy="sample",
+                              schedule=schedule, seed=seed, ignore_eos=True)
+
+    times, last = {}, 0.0
+    try:
+        for schedule in ("deferred", "dense"):  # deferred first: the gap to dense is what the kernel is for
+            if last and not deadline.allows(1.5 * last + 5 if ctx.cuda else 0):
+                sec.skip(f"Triton attention {schedule}")
+                continue
+            start = time.perf_counter()
+            warm_s, _ = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
+            sec.log(f"triton {schedule}: warm-up {warm_s:.1f} s")
+            t, out = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
+            times[schedule] = t
+            sec.add(f"triton.{schedule}.warmup_s", round(warm_s, 2), "s (first call: compile, captures, new shapes)",
+                    setting)
+            sec.add(f"triton.{schedule}.tok_s", round(bsz * new_tokens / t, 2), "tok/s", setting)
+            sec.add(f"triton.{schedule}.recorded_attention", out.schedule.attention, "", setting)
+            sdpa = sdpa_on.get(schedule)
+            vs = setting + "; against graphs.%s.on (sdpa, same process)" % schedule
+            sec.add(f"triton.{schedule}.triton/sdpa", ratio(sdpa["seconds"], t) if sdpa else None, "x",
+                    vs + "; tokens/s with triton over with sdpa")
+            if sdpa:
+                got = _kept(out)
+                same = ((got["completion_ids"] == sdpa["completion_ids"]).all(dim=1)
+                        & (got["exit_steps"] == sdpa["exit_steps"]).all(dim=1))
+                mask = got["completion_mask"] & sdpa["completion_mask"] & same[:, None]
+                diff = (got["logprobs"] - sdpa["logprobs"]).abs()[mask]
+                sec.add(f"triton.{schedule}.rows_equal_sdpa", int(same.sum()), f"rows of {bsz}",
+                        vs + "; rows whose tokens and exit steps all equal sdpa's (tolerance, not bitwise: sums "
+                        "in another order)")
+                sec.add(f"triton.{schedule}.logprob_max_abs_diff_vs_sdpa",
+                        float(diff.max()) if diff.numel() else None, "nats",
+                        vs + "; largest |log-prob difference| over the completion tokens of the equal rows")
+            del out
+            _, work = rollout_host_work(engine, ids.tolist(), params(schedule), warmup=False)
+            summary = work.summary()
+            for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass",
+                        "uploads_per_pass"):
+                sec.add(f"triton.{schedule}.{key}", round(summary[key], 3), "", setting + host_note)
+            last = time.perf_counter() - start
+            sec.log(f"triton {schedule}: {last:.1f} s in all")
+        if "dense" in times and "deferred" in times:
+            sec.add("triton.deferred/dense", ratio(times["dense"], times["deferred"]), "x",
+                    setting + "; tokens/s deferred over dense, both with triton")
+        sec.add("triton.captures", engine.buckets.captures, "(bucket, step kind) captures", setting)
+        sec.add("triton.replayed_passes", engine.buckets.replays, "passes", setting)
+        if not deadline.allows(8 if ctx.cuda else 0):  # a sampled rollout and its replay: about 1 + 2 s here
+            sec.skip("Triton attention bitwise replay")
+            return
+        replay_setting = (setting + "; a sampled deferred rollout (temperature 1) with triton, replay_logprobs "
+                          "against it (replay follows the recorded attention and this engine's graphs)")
+        sampled = engine.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
+        t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, sampled))
+        got, want = replayed.logprobs.cpu(), sampled.logprobs.cpu()
+        sec.add("triton.replay_bitwise_equal",
+                bool(torch.equal(got, want)
+                     and torch.equal(replayed.tempered_logprobs.cpu(), sampled.tempered_logprobs.cpu())
+                     and torch.equal(replayed.exit_logprobs.cpu(), sampled.exit_logprobs.cpu())), "", replay_setting)
+        sec.add("triton.replay_max_abs_diff", float((got - want).abs().max()), "nats", replay_setting)
+        sec.add("triton.replay_s", round(t_replay, 3), "s", replay_setting)
+    finally:
+        attach(model, None)  # replay and later rollouts of this model no longer follow this engine's passes
 
 
 # -- learner -------------------------------------------------------------------------------------------

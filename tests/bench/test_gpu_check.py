@@ -80,7 +80,12 @@ EXPECTED = {
     + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "captures", "replay_bitwise_equal",
                                "planned_gib", "measured_gib", "planned/measured")]
     + ["attention.cudnn_sdp_enabled_by_default"]  # one SDPA call at a new shape and again, per backend setting
-    + [f"attention.{b}.{k}" for b in ("default", "cudnn_off") for k in ("new_shape_ms", "repeat_ms")],
+    + [f"attention.{b}.{k}" for b in ("default", "cudnn_off") for k in ("new_shape_ms", "repeat_ms")]
+    + [f"triton.{s}.{k}" for s in ("dense", "deferred") for k in  # rollout.attention: triton, the last sub-step
+       ("warmup_s", "tok_s", "recorded_attention", "triton/sdpa", "rows_equal_sdpa", "logprob_max_abs_diff_vs_sdpa",
+        "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass", "uploads_per_pass")]
+    + [f"triton.{k}" for k in ("deferred/dense", "captures", "replayed_passes", "replay_bitwise_equal",
+                               "replay_max_abs_diff", "replay_s")],
     "learner": ["first_step_s", "step_s", "scored_tokens_per_s", "packed_tokens_per_s", "peak_memory_gib",
                 "loss_finite"],
     "plan": [f"plan.ckpt_{mode}.{k}" for mode in ("off", "on") for k in
@@ -138,6 +143,13 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     assert values["graphs.replay_bitwise_equal"] is True and values["graphs.eager_bucketed_passes"] > 0
     assert values["graphs.replayed_passes"] == 0 and values["graphs.planned/measured"] == 1.0
     assert values["graphs.deferred.on.syncs_per_pass"] == 0 and values["graphs.dense.off.operators_per_layer_pass"] > 0
+    # rollout.attention: triton under the interpreter: replays bitwise, agrees with sdpa on these tiny rollouts
+    assert values["triton.replay_bitwise_equal"] is True and values["triton.replay_max_abs_diff"] == 0
+    for schedule in ("dense", "deferred"):
+        assert values[f"triton.{schedule}.recorded_attention"] == "triton"
+        assert values[f"triton.{schedule}.rows_equal_sdpa"] == 4  # the CPU smoke's graphs batch
+        assert values[f"triton.{schedule}.logprob_max_abs_diff_vs_sdpa"] < 5e-2  # bf16
+        assert values[f"triton.{schedule}.triton/sdpa"] > 0
     assert values["modules_failed"] == 0 and values["heavy_modules_loaded"] == 0
     assert values["steps_logged"] == 5 and values["checkpoint_written"] is True
     assert values["loss_finite"] is True
@@ -229,6 +241,34 @@ def test_sub_steps_are_logged_and_a_cut_names_its_sub_step(capsys):
     assert "(in sub-step 'inner')" in result.error and result.figures[0].name == "first"
     log = capsys.readouterr().out
     assert "a: quick: start" in log and "a: quick: done in" in log and "a: inner: cut after" in log
+
+
+def test_a_failing_triton_attention_is_one_line_and_leaves_the_model_detached(monkeypatch):
+    """rollout.attention: triton has not run on a GPU: a compile error (many lines) in the rollouts section's
+    last sub-step is recorded as that sub-step's one-line failure, and the model follows no engine's passes."""
+    pytest.importorskip("triton")
+    import torch
+
+    from rltt.kernels import slot_attention
+    from rltt.rollout.buckets import attached
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gc = _load()
+    ctx = gc.Context(cpu_smoke=True, budget_scale=1.0)
+    model = ctx.ouro_model()
+
+    def broken(interpret):
+        raise RuntimeError("at 14:8:\n    k = tl.load(k_base + keys)\n        ^\nCompilationError: boom")
+
+    monkeypatch.setattr(slot_attention, "_kernel", broken)
+    sec = gc.SectionResult("rollouts", 60)
+    ids = torch.randint(1, model.config.vocab_size, (4, 4))
+    with sec.step("Triton attention"):
+        gc.triton_attention(ctx, sec, model, ids, "base", gc.Deadline(60), {})
+    assert len(sec.failures) == 1 and "\n" not in sec.failures[0]
+    assert sec.failures[0].startswith("Triton attention: RuntimeError: at 14:8: k = tl.load(")
+    assert sec.failures[0].endswith("CompilationError: boom")
+    assert attached(model) is None
 
 
 def test_sigterm_writes_what_was_measured(tmp_path):
