@@ -118,6 +118,35 @@ class StepLinear(nn.Linear):
         return out + delta.reshape(out.shape) * self.lora_scale
 
 
+#: row counts at which `fusion_is_exact` compares one concatenated GEMM with the separate ones
+FUSION_CHECK_ROWS = (*range(1, 33), 47, 48, 63, 64, 65, 96, 127, 128, 129, 191, 192, 255, 256, 257, 300, 383, 384,
+                     511, 512)
+_FUSION_EXACT: dict[tuple, bool] = {}
+
+
+@torch.no_grad()
+def fusion_is_exact(in_features: int, outs: tuple[int, ...], bias: bool, dtype: torch.dtype) -> bool:
+    """Whether one GEMM over weights concatenated along the output axis gives each output the same
+    bits as the separate GEMMs, on this CPU, at every row count of `FUSION_CHECK_ROWS` — measured
+    once per shape, dtype and thread count (kernel choice depends on shapes, not values). It holds
+    on many machines (each output is the same dot product) but not on all: on an AVX-512/AMX CPU a
+    bf16 GEMM of 896 → 1152 columns over 300 rows differs from 896 → 896 + 128 + 128."""
+    key = (in_features, outs, bias, dtype, torch.get_num_threads())
+    exact = _FUSION_EXACT.get(key)
+    if exact is None:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(max(FUSION_CHECK_ROWS), 1, in_features, generator=gen).to(dtype)
+        weights = [(torch.randn(o, in_features, generator=gen) * in_features ** -0.5).to(dtype) for o in outs]
+        biases = [torch.randn(o, generator=gen).to(dtype) if bias else None for o in outs]
+        fused_w, fused_b = torch.cat(weights), torch.cat(biases) if bias else None
+        exact = all(
+            all(torch.equal(a, b) for a, b in zip(F.linear(x[:n], fused_w, fused_b).split(list(outs), -1),
+                                                  (F.linear(x[:n], w, b) for w, b in zip(weights, biases))))
+            for n in FUSION_CHECK_ROWS)
+        _FUSION_EXACT[key] = exact
+    return exact
+
+
 class FusedWeights:
     """The weights (and biases) of several `StepLinear` layers that read the same input, concatenated
     along the output axis for one GEMM — a copy, cached, so the checkpoint and every loader keep the
@@ -235,8 +264,18 @@ class Attention(nn.Module):
         return super()._apply(fn, recurse)
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The concatenated q/k/v (weight, bias) decoding uses, or None where it keeps three GEMMs."""
-        return self.fused_qkv.get((self.q_proj, self.k_proj, self.v_proj)) if self.fusable else None
+        """The concatenated q/k/v (weight, bias) decoding uses, or None where it keeps three GEMMs: a
+        step-wise LoRA on q, k or v, or a CPU whose GEMM gives the concatenated outputs other bits
+        than the three apart (`fusion_is_exact`)."""
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        if not self.fusable:
+            return None
+        weight = self.q_proj.weight
+        if weight.device.type == "cpu" and not fusion_is_exact(
+                weight.shape[1], tuple(lin.weight.shape[0] for lin in linears), self.q_proj.bias is not None,
+                weight.dtype):
+            return None
+        return self.fused_qkv.get(linears)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: Step = 1):
         """Project x (B, S, d) to rotary-embedded q (B, Hq, S, D) and k, v (B, Hkv, S, D)."""
