@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -68,8 +68,6 @@ def bucket_of(items: int, table: tuple[int, ...] = BUCKETS) -> int | None:
 _CHECKS: dict[tuple, "PaddingCheck"] = {}
 #: item counts up to this are each checked; above it, each bucket's range by its edges and middle
 DENSE_CHECK = 128
-#: random inputs per checked count (a GEMM's kernel class depends on shapes, not values: one draw)
-DRAWS = 1
 #: bytes an elementwise CPU kernel's vector loop handles at once (two 64-byte vectors on AVX-512)
 #: and the elements below which it runs on one thread: a tensor's elements past the last whole
 #: vector loop (its tail, and each thread's chunk's) are computed by scalar code, whose bits differ
@@ -100,13 +98,20 @@ def tail_free(items: int, size: int, widths: set[int], itemsize: int, threads: i
 
 @dataclass(frozen=True)
 class PaddingCheck:
-    """Which item counts may be padded on this machine without changing a real row's bits:
-    counts up to `DENSE_CHECK` one by one, larger ones by their bucket."""
+    """Which item counts may be padded on this machine without changing a real row's bits: none
+    whose elementwise kernels would meet a scalar tail (`tail_free` over ``widths``; no widths: no
+    such rule, as with CUDA), and of the rest, counts up to `DENSE_CHECK` as measured one by one,
+    larger ones by their bucket."""
 
-    bad_counts: frozenset[int]  # counts <= DENSE_CHECK whose rows changed when padded
-    bad_buckets: frozenset[int]  # buckets > DENSE_CHECK one of whose checked counts changed
+    bad_counts: frozenset[int] = frozenset()  # counts <= DENSE_CHECK whose rows changed when padded
+    bad_buckets: frozenset[int] = frozenset()  # buckets > DENSE_CHECK one of whose checked counts changed
+    widths: frozenset[int] = frozenset()  # the step's per-item widths (`_row_widths`)
+    itemsize: int = 4
+    threads: int = 1
 
     def allows(self, items: int, size: int) -> bool:
+        if not tail_free(items, size, self.widths, self.itemsize, self.threads):
+            return False
         return items not in self.bad_counts if items <= DENSE_CHECK else size not in self.bad_buckets
 
 
@@ -129,10 +134,10 @@ def cpu_padding_check(inner, config, dtype: torch.dtype, table: tuple[int, ...] 
     with the same inputs in the first ``n`` rows; a count whose rows differ at any of them runs
     unpadded. Rows differ through a GEMM's kernel class, chosen by the row count (measured here,
     value-independent), or through an elementwise kernel's scalar tail, set by the tensor's size
-    and hit only by some values (so not measured by a few draws: `tail_free` rules those counts out
-    by their sizes, and they are not checked here). Kernel choice depends on shapes, not values, so the result is cached per
-    configuration, dtype, thread count and table (random inputs; the caller's random state is not
-    touched)."""
+    and hit only by some values (so not measured by one draw: `tail_free` rules those counts out by
+    their sizes, and they are not checked here). Kernel choice depends on shapes, not values, so one
+    draw of random inputs serves, and the result is cached per configuration, dtype, thread count and
+    table (the caller's random state is not touched)."""
     key = (config.to_json_string(use_diff=False), dtype, torch.get_num_threads(), table)
     check = _CHECKS.get(key)
     if check is not None:
@@ -141,34 +146,33 @@ def cpu_padding_check(inner, config, dtype: torch.dtype, table: tuple[int, ...] 
     rows, d, head_dim = table[-1], config.hidden_size, config.head_dim
 
     def rand(*shape):
-        return torch.randn(DRAWS, *shape, generator=gen).to(dtype)
+        return torch.randn(*shape, generator=gen).to(dtype)
 
     embeds, carry, cos, sin = rand(rows, 1, d), rand(rows, 1, d), rand(rows, 1, 1, head_dim), rand(rows, 1, 1, head_dim)
     attn = rand(rows, config.num_attention_heads, 1, head_dim)
     loops = config.num_loops
     kinds = [1] + ([2] if loops > 1 else []) + [torch.arange(rows) % loops + 1]
+    tails = PaddingCheck(widths=frozenset(_row_widths(config)), itemsize=torch.empty(0, dtype=dtype).element_size(),
+                         threads=torch.get_num_threads())
     bad: set[int] = set()
-    widths, itemsize, threads = _row_widths(config), torch.empty(0, dtype=dtype).element_size(), torch.get_num_threads()
     for step in kinds:
-        for i in range(DRAWS):
-            padded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        padded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-            def run(n):
-                at = step if isinstance(step, int) else step[:n]
-                out = attn[i, :n]
-                return inner.step(embeds[i, :n], carry[i, :n], at, cos[i, :n], sin[i, :n], lambda q, k, v, layer: out)
+        def run(n):
+            at = step if isinstance(step, int) else step[:n]
+            return inner.step(embeds[:n], carry[:n], at, cos[:n], sin[:n], lambda q, k, v, layer: attn[:n])
 
-            for n in _checked_counts(table):
-                size = bucket_of(n, table)
-                if n in bad or not tail_free(n, size, widths, itemsize, threads):
-                    continue
-                if size not in padded:
-                    padded[size] = run(size)
-                (h_n, c_n), (h_b, c_b) = run(n), padded[size]
-                if not (torch.equal(h_n, h_b[:n]) and torch.equal(c_n, c_b[:n])):
-                    bad.add(n)
-    check = _CHECKS[key] = PaddingCheck(frozenset(n for n in bad if n <= DENSE_CHECK),
-                                        frozenset(bucket_of(n, table) for n in bad if n > DENSE_CHECK))
+        for n in _checked_counts(table):
+            size = bucket_of(n, table)
+            if n in bad or not tails.allows(n, size):
+                continue
+            if size not in padded:
+                padded[size] = run(size)
+            (h_n, c_n), (h_b, c_b) = run(n), padded[size]
+            if not (torch.equal(h_n, h_b[:n]) and torch.equal(c_n, c_b[:n])):
+                bad.add(n)
+    check = _CHECKS[key] = replace(tails, bad_counts=frozenset(n for n in bad if n <= DENSE_CHECK),
+                                   bad_buckets=frozenset(bucket_of(n, table) for n in bad if n > DENSE_CHECK))
     return check
 
 
@@ -237,9 +241,10 @@ class PassBuckets:
         self.buckets: dict[int, _Bucket] = {}
         self.signature: tuple | None = None
         self.graphs = graphs if graphs is not None else (CudaGraphs(self.device) if capture else None)
-        # on CPU, the item counts padding would change (`cpu_padding_check`, made at the first pass);
+        # on CPU, the item counts padding would change (`cpu_padding_check`, made at the first pass and
+        # again when the thread count changes);
         # with CUDA none is excluded: there the bucketed rollout need only equal its own replay
-        self.check: PaddingCheck | None = PaddingCheck(frozenset(), frozenset()) if self.device.type == "cuda" else None
+        self.check: PaddingCheck | None = PaddingCheck() if self.device.type == "cuda" else None
         self.replays = 0  # passes served by replaying captured graphs
         self.eager = 0  # bucketed passes run eagerly (CPU, or a capture's first pass)
         self.captures = 0  # (bucket, step kind) passes captured: L + 1 graphs each
@@ -249,11 +254,8 @@ class PassBuckets:
         size = bucket_of(items, self.table)
         if size is None or size == items:
             return size
-        if self.check is None:
-            self.check = cpu_padding_check(self.inner, self.inner.config, self.dtype, self.table)
-            self._widths, self._itemsize = _row_widths(self.inner.config), torch.empty(0, dtype=self.dtype).element_size()
-        if self.device.type != "cuda" and not tail_free(items, size, self._widths, self._itemsize, torch.get_num_threads()):
-            return None
+        if self.check is None or (self.device.type == "cpu" and self.check.threads != torch.get_num_threads()):
+            self.check = cpu_padding_check(self.inner, self.inner.config, self.dtype, self.table)  # cached per threads
         return size if self.check.allows(items, size) else None
 
     def bucket(self, size: int) -> _Bucket:
