@@ -30,19 +30,17 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   gate's weight zeroed and its bias set so that E[t*] = 2.5 under the ``sample`` exit policy; in
   this order (the cheapest and most telling first; a sub-step the time left cannot cover is skipped):
   one SDPA call's cost at a new key length against a repeat, default backends and cuDNN's off (the
-  engine's setting), the CUDA graphs on/off comparison below, ``replay_logprobs`` bitwise, then
-  native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
-  tokens, sampled exits), native final-exit decoding vs transformers' ``generate()`` at batch
-  32, ``replay_logprobs`` bitwise against a sampled deferred rollout, and the native engine with
-  ``rollout.cuda_graphs`` on and off at batch 32 (host work per pass — operators per layer-pass,
-  syncs and reads per pass —, tokens/s, replay bitwise with the graphs, the buckets' and graph
-  pool's bytes against the plan; on CPU "on" is the same bucketed passes run eagerly); last, on
-  whatever time the section has left (so it is the first skipped), ``rollout.attention: triton``
-  with the graphs on at that batch and length (never run on a GPU before): tokens/s of dense and
-  deferred and their ratio to the SDPA figures just measured, host work per pass, rows whose
-  tokens and exits equal SDPA's and the log-probs' largest difference on them, and a sampled
-  deferred rollout's ``replay_logprobs`` bitwise; a compile or launch error is recorded as that
-  sub-step's failure (with whether CUDA still works after it);
+  engine's setting); the native engine with ``rollout.cuda_graphs`` on and off at batch 32 (host
+  work per pass — operators per layer-pass, syncs and reads per pass —, tokens/s, replay bitwise
+  with the graphs, the buckets' and graph pool's bytes against the plan; on CPU "on" is the same
+  bucketed passes run eagerly); ``rollout.attention: triton`` with the graphs on at that batch and
+  length (never run on a GPU before; it has no budget of its own): tokens/s of deferred and dense
+  and their ratio to the SDPA figures just measured, host work per pass, rows whose tokens and exits
+  equal SDPA's and the log-probs' largest difference on them, and a sampled deferred rollout's
+  ``replay_logprobs`` bitwise, a compile or launch error recorded as that sub-step's failure (with
+  whether CUDA still works after it); ``replay_logprobs`` bitwise against a sampled deferred
+  rollout; native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
+  tokens, sampled exits); native final-exit decoding vs transformers' ``generate()`` at batch 32;
 - ``learner``: one RL learner step (packed scoring, backward, AdamW) on that model, after a
   warm-up step: tokens per second and peak memory;
 - ``plan``: `rltt plan`'s rollout and learner phase peaks (less its runtime component) against
@@ -133,8 +131,8 @@ class Shapes:
             # plan ran out of time (125 s, 225 s; 35 s, 63 s): 537 s without vLLM's, under `timeout 560`.
             # deepspeed's card80 now measures each phase under both allocator settings after a warm-up
             # update (about 90 s of its 185); smoke gets 80 s (its 105 s were first-shape attention costs).
-            # rollouts' last sub-step (rollout.attention: triton) has no time of its own: it runs on what the
-            # section's 140 s leave (TRITON_ATTENTION_S to start)
+            # rollouts' Triton attention sub-step (after the graphs comparison) has no time of its own: it
+            # runs on what the section's 140 s leave (TRITON_ATTENTION_S to start)
             budgets=dict(imports=12, kernels=45, rollouts=140, learner=25, plan=50, deepspeed=185, vllm=150,
                          smoke=80),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
@@ -667,8 +665,8 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
             ignore_eos=True))
 
     # cheapest and most telling first: the attention's per-shape cost, CUDA graphs on/off with the host
-    # work per pass, bitwise replay; then the batch sweep and generate(); a sub-step the time left cannot
-    # cover is skipped (recorded), not cut by the section's alarm
+    # work per pass, the Triton attention, bitwise replay; then the batch sweep and generate(); a sub-step
+    # the time left cannot cover is skipped (recorded), not cut by the section's alarm
     with sec.step("attention cost per new shape"):
         attention_shape_cost(ctx, sec, model, base)
     warm = prompts(min(8, s.batches[-1]), 0)
@@ -679,6 +677,20 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
     sdpa_on: dict = {}  # the graphs-on SDPA rollouts, compared with the Triton attention's at the end
     with sec.step("CUDA graphs on and off"):
         cuda_graphs_on_off(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline, kept=sdpa_on)
+
+    # next, since it was never run on a GPU: rollout.attention triton at the graphs comparison's batch and
+    # length, against that sub-step's SDPA rollouts (a compile error or a failed launch is recorded as this
+    # sub-step's failure)
+    if not deadline.allows(TRITON_ATTENTION_S if ctx.cuda else 1):
+        sec.skip("Triton attention (rollout.attention: triton)")
+    else:
+        failed = len(sec.failures)
+        with sec.step("Triton attention (rollout.attention: triton)"):
+            triton_attention(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline, sdpa_on)
+        if ctx.cuda and len(sec.failures) > failed:  # a failed launch can leave the CUDA context unusable
+            sec.add("triton.cuda_usable_after_failure", cuda_usable(), "",
+                    f"{base}; after the Triton attention sub-step failed: a tiny CUDA op and a synchronize still "
+                    f"succeed (if not, the later in-process sections fail for this reason)")
 
     rb = s.replay_batch
     setting = (f"{base}; batch {rb}, prompt {s.prompt_len}, {s.new_tokens} new tokens, temperature 1, sampled "
@@ -757,21 +769,6 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
             sec.add(f"generate.b{gb}.native/generate", ratio(t_hf, t_native), "x", setting)
             sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same_rows), 4), "", setting)
             del out, hf
-
-    # last, so it takes only what the section has left (the first thing skipped): rollout.attention triton
-    # at the graphs comparison's batch and length, against that sub-step's SDPA rollouts (never run on a GPU
-    # before this check: a compile error or a failed launch is recorded as this sub-step's failure)
-    if not deadline.allows(TRITON_ATTENTION_S if ctx.cuda else 1):
-        sec.skip("Triton attention (rollout.attention: triton)")
-        return
-    failed = len(sec.failures)
-    with sec.step("Triton attention (rollout.attention: triton)"):
-        triton_attention(ctx, sec, model, prompts(s.graphs_batch, 5), base, deadline, sdpa_on)
-    if ctx.cuda and len(sec.failures) > failed:  # a failed launch can leave the CUDA context unusable
-        sec.add("triton.cuda_usable_after_failure", cuda_usable(), "",
-                f"{base}; after the Triton attention sub-step failed: a tiny CUDA op and a synchronize still "
-                f"succeed (if not, the later in-process sections fail for this reason)")
-
 
 @contextmanager
 def engine_calls(sec: SectionResult):
