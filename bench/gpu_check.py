@@ -126,15 +126,16 @@ class Shapes:
     @staticmethod
     def gpu() -> "Shapes":
         return Shapes(
-            # from the H200 run of 2026-12-04 (bench/gpu_runs/2026-12-04/full.log): imports 7.7 s, kernels
-            # 35 s, learner 16 s, deepspeed 149 s with one sub-step (60 s) skipped, smoke 105 s; rollouts and
-            # plan ran out of time (125 s, 225 s; 35 s, 63 s): 537 s without vLLM's, under `timeout 560`.
-            # deepspeed's card80 now measures each phase under both allocator settings after a warm-up
-            # update (about 90 s of its 185); smoke gets 80 s (its 105 s were first-shape attention costs).
-            # rollouts' Triton attention sub-step (after the graphs comparison) has no time of its own: it
-            # runs on what the section's 140 s leave (TRITON_ATTENTION_S to start)
-            budgets=dict(imports=12, kernels=45, rollouts=140, learner=25, plan=50, deepspeed=185, vllm=150,
-                         smoke=80),
+            # from the H200's second run (bench/gpu_runs/2026-12-04b/full.log, at 3c0d387, cuDNN attention off):
+            # imports 9.6 s, kernels 38 s (its N = 1024 timing skipped), learner 19 s (its timed step
+            # skipped: the first step took 19 s), plan 47 s, deepspeed 112 s (card141 skipped: 120 s
+            # estimated), smoke 18 s; rollouts ran out at 148 s, in the batch sweep's first batch size, and a
+            # rerun with 364 s reached the same point (the sweep's host-work profile at 128 tokens). So
+            # rollouts gets what smoke and deepspeed no longer need; 537 s without vLLM's, under
+            # `timeout 560`. The Triton attention sub-step (after the graphs comparison) has no time of its
+            # own (TRITON_ATTENTION_S to start)
+            budgets=dict(imports=12, kernels=50, rollouts=190, learner=35, plan=55, deepspeed=160, vllm=150,
+                         smoke=35),
             kernel_checks=[(3, 37, 200, 1001, 1.0, False), (2, 130, 72, 32003, 0.7, True),
                            (4, 5, 2048, 151936, 1.0, False), (1, 1, 64, 64, 1.3, False)],
             kernel_times=[(4, 8192, 2048, 151936), (4, 1024, 2048, 151936)], kernel_reps=3,
@@ -736,14 +737,17 @@ def section_rollouts(ctx: Context, sec: SectionResult, deadline: Deadline) -> No
             sec.add(f"rollout.b{bsz}.same_tokens_and_exits",
                     bool(torch.equal(dense.exit_steps.cpu(), deferred.exit_steps.cpu())
                          and torch.equal(dense.completion_ids.cpu(), deferred.completion_ids.cpu())), "", setting)
-            if bsz == s.batches[0]:  # host work per pass (rltt.rollout.host_work: profiler counts, one call each)
+            if bsz == s.batches[0]:  # host work per pass (rltt.rollout.host_work: profiler counts, one call each
+                # of HOST_WORK_TOKENS tokens: under the profiler 128 tokens at batch 1 took over 100 s on the H200)
                 from rltt.rollout.host_work import rollout_host_work
                 for schedule in ("dense", "deferred"):
                     _, work = rollout_host_work(engine, ids.tolist(), SamplingParams(
-                        temperature=0.0, max_new_tokens=s.new_tokens, exit_policy="sample", schedule=schedule,
+                        temperature=0.0, max_new_tokens=min(s.new_tokens, HOST_WORK_TOKENS), exit_policy="sample",
+                        schedule=schedule,
                         seed=1, ignore_eos=True), warmup=False)
                     for key, value in work.summary().items():
-                        sec.add(f"rollout.b{bsz}.{schedule}.{key}", round(value, 3), "", setting)
+                        sec.add(f"rollout.b{bsz}.{schedule}.{key}", round(value, 3), "",
+                                f"{setting}; host work profiled over {min(s.new_tokens, HOST_WORK_TOKENS)} new tokens")
             del dense, deferred
 
     gb = s.generate_batch
@@ -935,6 +939,10 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     from rltt.rollout.buckets import attach
 
     attach(model, None)
+
+
+#: new tokens of the batch sweep's profiled host-work call (the profiler slows each operator down)
+HOST_WORK_TOKENS = 16
 
 
 #: the time left the Triton attention's sub-step needs to start on the GPU (never measured there): one
