@@ -15,16 +15,21 @@ else — the layers' norms, projections, RoPE, MLPs and the final norm — depen
   as a `torch.cuda.CUDAGraph` (all of them in one shared memory pool) and replayed; the attention
   (`GroupedAttend`, which writes the real items' keys and values) runs eagerly between replays on
   the real items. On CPU the same pieces run eagerly.
-- Passes of fewer than `SMALLEST` items, or more than the table's largest bucket, run unbucketed
-  (today's code). Why: a CPU GEMM computes a row with one of a few kernels depending on the
-  batch's row count, so a batch padded across such a boundary would change its rows' bits. Where
-  the boundaries lie depends on the CPU, the BLAS build, the thread count and the GEMM's shape
-  (one development machine: 1, 2-3, >= 4 rows; another, AVX-512 with AMX: 1, 2-5, >= 6 at K = 128,
-  >= 16 at K = 512, and single counts such as 25 or 129 in a tiny model's loop step). So on CPU
-  this is measured, not assumed: `cpu_padding_check` runs the model's own loop step (every layer,
-  LoRA and injection GEMM in it) at each item count and at its bucket, and a count whose real rows
-  change runs unpadded (tests/rollout/test_buckets.py checks the bucketed path against the
-  unbucketed one bit for bit).
+- Every pass of 1 to 512 items is bucketed: the table starts at 1 and 2 (buckets of their own, so
+  never padded) and pads 3 to 4, then 5-8 to 8 and so on. So on a GPU a batch-1 rollout and the
+  last live rows of a chunk replay graphs too. Passes of more items than the largest bucket (long
+  prefills) run unbucketed. A count equal to a bucket runs bucketed as it is; whether a count
+  below its bucket may be padded is `PaddingCheck`'s: with CUDA every count may (the bucketed
+  rollout need only equal its own bucketed replay, below). On CPU a count whose real rows padding
+  would change runs unbucketed: a CPU GEMM computes a row with one of a few kernels depending on
+  the batch's row count, so a batch padded across such a boundary would change its rows' bits.
+  Where the boundaries lie depends on the CPU, the BLAS build, the thread count and the GEMM's
+  shape (one development machine: 1, 2-3, >= 4 rows, so there 3 is not padded to 4; another,
+  AVX-512 with AMX: 1, 2-5, >= 6 at K = 128, >= 16 at K = 512, and single counts such as 25 or 129
+  in a tiny model's loop step). So on CPU this is measured, not assumed: `cpu_padding_check` runs
+  the model's own loop step (every layer, LoRA and injection GEMM in it) at each padded count and
+  at its bucket, and a count whose real rows change runs unpadded (tests/rollout/test_buckets.py
+  checks the bucketed path against the unbucketed one bit for bit).
 
 Exactness: the bucketed and the unbucketed pass compute the same values bit for bit on CPU (fp32
 and bf16). On a GPU a wider GEMM may run another kernel, so there the bucketed rollout equals the
@@ -48,15 +53,17 @@ import torch
 
 from rltt.errors import RlttError
 
-#: item counts a pass is padded to (the smallest entry >= its items)
-BUCKETS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-#: passes of fewer items run unbucketed: the CPU fp32 GEMM kernel class of a batch of 1-3 rows
-SMALLEST = 4
+#: item counts a pass is padded to (the smallest entry >= its items). It starts at 1: a batch-1
+#: rollout's passes and the last live rows of every chunk run 1-3 items, and on a GPU those replay
+#: graphs like any other pass; 1 and 2 are their own buckets (never padded), 3 pads to 4 where
+#: `PaddingCheck` allows it (always with CUDA; on CPU as measured)
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 def bucket_of(items: int, table: tuple[int, ...] = BUCKETS) -> int | None:
-    """The bucket a pass of ``items`` items is padded to, or None: run it unbucketed."""
-    if items < SMALLEST or items > table[-1]:
+    """The bucket a pass of ``items`` items is padded to, or None (no items, or more than the table's
+    largest bucket): run it unbucketed."""
+    if items < 1 or items > table[-1]:
         return None
     for size in table:
         if size >= items:
@@ -118,7 +125,7 @@ class PaddingCheck:
 def _checked_counts(table: tuple[int, ...]) -> list[int]:
     """Item counts `cpu_padding_check` pads: every count up to `DENSE_CHECK`, then each larger
     bucket's range by its two edges and middle (a count that is already a bucket is not padded)."""
-    counts, prev = set(range(SMALLEST, min(table[-1], DENSE_CHECK) + 1)), SMALLEST
+    counts, prev = set(range(1, min(table[-1], DENSE_CHECK) + 1)), table[0]
     for b in table:
         if b > DENSE_CHECK:
             counts.update({prev + 1, (prev + b) // 2, b - 1})

@@ -10,21 +10,25 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
-from rltt.rollout.buckets import (BUCKETS, SMALLEST, PassBuckets, attach, bucket_of, resolve_cuda_graphs,
-                                  tail_free)
+from rltt.rollout.buckets import (BUCKETS, PaddingCheck, PassBuckets, _checked_counts, attach, bucket_of,
+                                  resolve_cuda_graphs, tail_free)
 from rltt.rollout.executor import PassExecutor
 
 from .helpers import prompts, tiny_model
 
 
 def test_the_bucket_table():
-    assert list(BUCKETS) == sorted(set(BUCKETS)) and BUCKETS[0] == SMALLEST == 4
+    assert list(BUCKETS) == sorted(set(BUCKETS)) and BUCKETS[:3] == (1, 2, 4)
     for n in range(0, BUCKETS[-1] + 40):
         size = bucket_of(n)
-        if n < SMALLEST or n > BUCKETS[-1]:
-            assert size is None  # 1-3 items: their GEMM kernel class; beyond the table: unbucketed
+        if n < 1 or n > BUCKETS[-1]:
+            assert size is None  # beyond the table: unbucketed
         else:
             assert size in BUCKETS and size >= n and all(b < n for b in BUCKETS if b < size)
+    # the CPU check pads every count a pass may be padded at (3 included), never a count that is a bucket
+    checked = _checked_counts(BUCKETS)
+    assert checked[0] == 3 and not set(checked) & set(BUCKETS)
+    assert set(range(1, 129)) - set(checked) == {b for b in BUCKETS if b <= 128}
 
 
 def _fields(batch):
@@ -50,7 +54,8 @@ def _compare(model, sizes, params, chunk_rows=None):
 
 POLICIES = ["sample", "threshold:0.6", "final", "fixed:2"]
 DTYPES = [torch.float32, torch.bfloat16]
-# (prompt lengths, n): passes of 1-3 items (unbucketed), 4 and more (padded), prefill and pending entries
+# (prompt lengths, n): passes of 1-2 items (buckets of their own), 3 (padded to 4 where the CPU check allows),
+# 4 and more (padded), prefill and pending entries
 SHAPES = [([3, 6], 2), ([2, 5, 7], 4), ([4, 1, 9, 2, 6], 1), ([5], 6), ([3, 8, 2, 4], 5)]
 CASES = list(itertools.product(DTYPES, ["dense", "deferred"], POLICIES))
 
@@ -86,7 +91,8 @@ def test_model_variants_stop_tokens_and_chunks(case, schedule):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("loops", [1, 2, 4])
 def test_a_sweep_of_batch_sizes_and_loops(dtype, loops):
-    """Every item count from 4 to 48 appears in these passes (prefill, dense and deferred decode)."""
+    """Passes of 1 up to 46-54 items (prefill, dense and deferred decode; at T = 2 every count from 1 to
+    18), each bucketed or, where the CPU check rules its count out, unpadded."""
     model = tiny_model(dtype=dtype, num_loops=loops)
     seen = set()
     for rows, schedule, policy in itertools.product((4, 5, 7, 11, 16), ("dense", "deferred"), ("sample", "final")):
@@ -346,6 +352,64 @@ def test_bucketed_passes_add_no_sync_read_or_upload(schedule, policy, stops):
     assert engine.buckets.eager > 0 and works[True].syncs == 0, works[True].sync_sites
     for key in ("pass_reads", "pass_made", "pass_uploads"):
         assert getattr(works[True], key) == getattr(works[False], key), key
+
+
+def _counts(batch) -> list[int]:
+    return [int(p.entries()) for p in batch.schedule.passes]
+
+
+def _replays_bitwise(model, engine, batch) -> None:
+    """`replay_logprobs` of a captured rollout: every pass replayed through the engine's buckets again,
+    the rollout's log-probs bit for bit."""
+    before = engine.buckets.replays
+    replayed = replay_logprobs(model, batch)
+    assert engine.buckets.replays - before == len(batch.schedule.passes) and engine.buckets.eager == 0
+    assert torch.equal(replayed.logprobs, batch.logprobs)
+    assert torch.equal(replayed.tempered_logprobs, batch.tempered_logprobs)
+    assert torch.equal(replayed.exit_logprobs, batch.exit_logprobs)
+
+
+@pytest.mark.parametrize("dtype,schedule,policy,prompt", [(torch.float32, "dense", "sample", 8),
+                                                          (torch.bfloat16, "dense", "threshold:0.6", 4),
+                                                          (torch.float32, "deferred", "fixed:2", 1),
+                                                          (torch.bfloat16, "deferred", "fixed:2", 8)])
+def test_a_batch_1_rollout_replays_graphs_for_every_pass(dtype, schedule, policy, prompt):
+    """One row: its decode passes run 1 item (deferred with exits at step 2: 1-2 items), which are buckets
+    of their own, and its prompt here is a bucket's length too, so no pass is padded (nor consults the
+    CPU check, whose verdicts depend on the machine): with capture (emulated) every pass
+    replays graphs — none runs unbucketed or eagerly — and the rollout is the unbucketed engine's bit
+    for bit on CPU, its replay bitwise."""
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=8, seed=5, exit_policy=policy,
+                            schedule=schedule)
+    want = NativeEngine(model).generate(prompts([prompt], seed=2), params)
+    engine = _captured_engine(model)
+    got = engine.generate(prompts([prompt], seed=2), params)
+    assert _equal(_fields(got), _fields(want))
+    counts = _counts(got)
+    assert 1 in counts and set(counts) <= set(BUCKETS)  # every pass a bucket's count: nothing padded
+    assert engine.buckets.replays == len(counts) == got.stats.passes and engine.buckets.eager == 0
+    _replays_bitwise(model, engine, got)
+
+
+@pytest.mark.parametrize("dtype,schedule,sizes", [(torch.float32, "dense", [5]), (torch.bfloat16, "deferred", [1]),
+                                                  (torch.float32, "deferred", [5]), (torch.bfloat16, "dense", [3, 6, 2])])
+def test_with_the_cuda_padding_rule_every_pass_replays_graphs(dtype, schedule, sizes):
+    """With CUDA no count is kept from padding (`PaddingCheck()`: the bucketed rollout need only equal its
+    own bucketed replay): every pass of up to 512 items — 1 and 2 items as they are, 3 padded to 4, a
+    5-item prefill to 8 — replays graphs, and the replay is bitwise. (Here on CPU the padded passes may
+    differ from the unbucketed engine's bits; that is what the CPU check is for.) One row, and three rows
+    whose decode passes run 3 and 2 items."""
+    model = tiny_model(dtype=dtype)
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=8, seed=5, exit_policy="sample",
+                            schedule=schedule)
+    engine = _captured_engine(model)
+    engine.buckets.check = PaddingCheck(threads=torch.get_num_threads())  # what a CUDA device gets
+    got = engine.generate(prompts(sizes, seed=2), params)
+    counts = _counts(got)
+    assert set(counts) - set(BUCKETS) and min(counts) < 4  # padded passes and passes of 1-3 items among them
+    assert engine.buckets.replays == len(counts) and engine.buckets.eager == 0
+    _replays_bitwise(model, engine, got)
 
 
 def test_a_failed_capture_is_a_one_line_error_naming_the_switch(monkeypatch):

@@ -82,4 +82,7 @@ def test_graphs_are_captured_once_per_bucket_and_kind_across_train_steps(schedul
         assert made[-1] == pieces * met  # one capture per (bucket, kind): nothing dropped and recaptured
         learner.update(LearnerBatch.from_rollout(rollout, advantages=torch.randn(8, generator=gen)))
     assert engine.buckets.replays > 0
-    assert made[-1] == made[1]  # the same prompts and lengths after the first steps: no new capture at all
+    # dense: the same prompts and lengths after the first steps, so no new capture at all; deferred: a
+    # pass's items follow the sampled exits, so a later step may meet a (bucket, kind) first (1- and
+    # 2-item passes are buckets too), captured once as the check above says
+    assert schedule == "deferred" or made[-1] == made[1]
