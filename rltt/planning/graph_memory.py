@@ -16,8 +16,23 @@ one piece::
     graph_pool      Σ_S K·2·S·d·b + S_max·(8·d + 3·q + 4·kv + 4·f)·b
 
 An upper bound from the ops of a piece (two norms, q/k/v, RoPE, o_proj, the SwiGLU MLP, residual
-adds), not measured on a GPU yet (bench/gpu_check.py's rollouts section records allocated bytes
-before and after its first bucketed rollout).
+adds). The captures add one fixed cost outside the pool: they run on their own side stream
+(`rltt.rollout.buckets.CudaGraphs`), and PyTorch gives each (cuBLAS handle, stream) that runs a GEMM
+its own cuBLAS workspace, allocated through the caching allocator at the stream's first GEMM and
+kept while the process lives (PyTorch's aten/src/ATen/cuda/CublasHandlePool.cpp: 32 MiB by default
+on Hopper, sm90; 8 MiB + 128 KiB on other GPUs; ``CUBLAS_WORKSPACE_CONFIG`` sets it). The plan
+counts the larger default, once per engine::
+
+    capture_workspace   32 MiB
+
+Measured once (bench/gpu_check.py's rollouts section, bench/gpu_runs/2026-12-04b: the growth of
+``memory_reserved`` from before the engine was made to after its graphs' rollouts and replay, the
+cache emptied at both ends; an H200, torch 2.11 + CUDA 13, a random LoopLM of Ouro-1.4B's shape in
+bf16): 80 MiB in each of two runs whose buckets differed (8-256 and 4-384), where buffers and pool
+alone planned 67.5 and 98.9 MiB, the first an under-count. With the workspace the plan is 99.5 and
+130.9 MiB, above both. That the workspace is 32 of those 80 MiB is read from PyTorch's source, not
+measured apart; the other 48 MiB are within what buffers and pool planned in both runs, so no
+rounding to the allocator's 2 MiB blocks or 20 MiB segments is added.
 """
 
 from __future__ import annotations
@@ -51,11 +66,17 @@ def graph_pool_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int]) 
     return outputs + max(sizes) * (8 * d + 3 * q + 4 * kv + 4 * f) * dtype_bytes
 
 
+#: the cuBLAS workspace of the captures' side stream (module docstring): PyTorch's default on Hopper,
+#: the larger of its two CUDA defaults
+CAPTURE_WORKSPACE = 32 * 2**20
+
+
 def engine_graphs_bytes(shape: ModelShape, dtype_bytes: int, capture: bool, sizes: Iterable[int] | None = None) -> int:
     """What the bucketed passes keep on the device between rollouts: every bucket of the table (a pass's
-    items are not known in advance) — buffers, plus the graph pool with ``capture``."""
+    items are not known in advance) — buffers, plus with ``capture`` the graph pool and the capture
+    stream's cuBLAS workspace."""
     from rltt.rollout.buckets import BUCKETS
 
     sizes = list(BUCKETS if sizes is None else sizes)
     return bucket_buffer_bytes(shape, dtype_bytes, sizes, capture) + (
-        graph_pool_bytes(shape, dtype_bytes, sizes) if capture else 0)
+        graph_pool_bytes(shape, dtype_bytes, sizes) + CAPTURE_WORKSPACE if capture else 0)
