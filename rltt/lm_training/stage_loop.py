@@ -43,7 +43,8 @@ from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
 from rltt.sections import parsed_exit_policy
 from rltt.lm_training.stage_recipe import StageRecipe
 from rltt.lm_training.lr_schedule import warmup_cosine
-from rltt.telemetry import MetricsLogger, exit_stats, grad_norms, peak_memory_gb, schema, truncate_metrics
+from rltt.telemetry import (MetricsLogger, exit_stats, grad_norms, peak_memory_gb, reset_peak_memory, schema,
+                            truncate_metrics)
 
 FINAL_DIR = "final"
 SUMMARY_FILE = "summary.json"
@@ -297,6 +298,7 @@ class StageRun:
         if self.step % self.recipe.logging.every == 0 or self.step == t.steps:
             record.update(metrics)
             record[schema.MEMORY_PEAK_GB] = peak_memory_gb(self.device)
+            reset_peak_memory(self.device)  # the next record's figure is its interval's peak
             self._alarm(metrics)
         if self.step % e.every == 0 or self.step == t.steps:
             record.update(self.evaluate())

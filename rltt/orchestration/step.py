@@ -38,7 +38,7 @@ from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.data.reasoning import length_metrics, length_sums
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.rollout.params import ThinkingBudget
-from rltt.telemetry import Timer, peak_memory_gb
+from rltt.telemetry import Timer, peak_memory_gb, reset_peak_memory
 from rltt.telemetry import schema as m
 
 _MASK = (1 << 64) - 1
@@ -235,6 +235,7 @@ class TrainingStep:
         metrics[m.THROUGHPUT_TOKENS_PER_S] = work["tokens"] / max(work["time"], 1e-9)  # ranks sample concurrently
         metrics[m.TIME_STEP] = time.perf_counter() - t0
         metrics[m.MEMORY_PEAK_GB] = self.ranks.reduce({"gb": peak_memory_gb()}, "max")["gb"]
+        reset_peak_memory()  # the next step's figure is its own peak
         return metrics
 
     def state_dict(self) -> dict:

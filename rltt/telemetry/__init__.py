@@ -24,11 +24,12 @@ from rltt.telemetry.stats import (
     grad_norms,
     mismatch_stats,
     peak_memory_gb,
+    reset_peak_memory,
 )
 
 __all__ = [
     "MetricsLogger", "Timer", "entropy_stats", "exit_stats", "grad_norms", "mismatch_stats",
-    "peak_memory_gb", "read_metrics", "truncate_metrics", "review", "maybe_review",
+    "peak_memory_gb", "reset_peak_memory", "read_metrics", "truncate_metrics", "review", "maybe_review",
     "format_summary", "Report",
 ]
 

@@ -327,7 +327,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(THROUGHPUT_GOODPUT,
                "goodput: completions of the step's first rollout whose task reward is positive, per second of "
                "that rollout (generation and reward scoring; the slowest rank's time)", "completions/s"),
-    MetricSpec(MEMORY_PEAK_GB, "peak memory: CUDA max allocated, else process max RSS", "GiB",
+    MetricSpec(MEMORY_PEAK_GB, "peak memory: CUDA max allocated since the previous record (the step's), "
+               "else process max RSS since start", "GiB",
                "all"),
     MetricSpec(LR, "learning rate used at this step", "lr", "all"),
     # LM stage (pretrain / convert)

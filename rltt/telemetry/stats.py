@@ -195,16 +195,28 @@ def mismatch_stats(
 # --------------------------------------------------------------------------- systems
 
 
-def peak_memory_gb(device: torch.device | str | None = None) -> float:
-    """Peak memory in GiB: CUDA max allocated on a CUDA device, else this process's max RSS."""
+def _on_cuda(device: torch.device | str | None) -> bool:
     dev = torch.device(device) if device is not None else None
-    use_cuda = (dev.type == "cuda") if dev is not None else (
-        torch.cuda.is_available() and torch.cuda.is_initialized())
-    if use_cuda:
+    return (dev.type == "cuda") if dev is not None else (torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def peak_memory_gb(device: torch.device | str | None = None) -> float:
+    """Peak memory in GiB: CUDA max allocated on a CUDA device (since the last `reset_peak_memory`),
+    else this process's max RSS (since the process started: the OS keeps no resettable peak)."""
+    dev = torch.device(device) if device is not None else None
+    if _on_cuda(device):
         return torch.cuda.max_memory_allocated(dev) / schema.GIB
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
     return rss / schema.GIB if sys.platform == "darwin" else rss * 1024 / schema.GIB
+
+
+def reset_peak_memory(device: torch.device | str | None = None) -> None:
+    """Start a new CUDA peak (`peak_memory_gb` then reports the peak since this call): the trainers
+    call it after each record so that ``memory/peak_gb`` is a step's (or logging interval's) peak,
+    not the process's so far. No-op off CUDA."""
+    if _on_cuda(device):
+        torch.cuda.reset_peak_memory_stats(torch.device(device) if device is not None else None)
 
 
 class Timer:

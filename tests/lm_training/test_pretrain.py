@@ -20,12 +20,17 @@ def _stable(records):
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
 
 
-def test_short_pretrain_lowers_loss_and_writes_everything(tmp_path):
+def test_short_pretrain_lowers_loss_and_writes_everything(tmp_path, monkeypatch):
+    import rltt.lm_training.stage_loop as stage_loop
+
+    resets = []  # memory/peak_gb is each record's own peak: the CUDA peak restarts after every record
+    monkeypatch.setattr(stage_loop, "reset_peak_memory", lambda *a: resets.append(a))
     run = tmp_path / "run"
     result = pretrain(tiny_pretrain_recipe(run, ["train.steps=30", "checkpoint.every=10", "eval.every=30", "optim.lr=1e-2"]))
     records = read_metrics(run)
     losses = [r[schema.LM_LOSS] for r in records if schema.LM_LOSS in r]
     assert len(losses) == 30
+    assert len(resets) == sum(schema.MEMORY_PEAK_GB in r for r in records) > 0
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     last = records[-1]
     for key in ("lm/loss_step_1", "lm/loss_step_3", "exit/p_1", "exit/p_3", "exit/mean_step", "exit/collapse",

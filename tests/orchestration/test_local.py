@@ -49,12 +49,17 @@ def write_recipe(tmp_path, **overrides):
     return path
 
 
-def test_three_steps_change_parameters_and_write_every_metric(tmp_path):
+def test_three_steps_change_parameters_and_write_every_metric(tmp_path, monkeypatch):
+    import rltt.orchestration.step as step_module
+
+    resets = []  # memory/peak_gb is each step's own peak: the CUDA peak restarts after every step's record
+    monkeypatch.setattr(step_module, "reset_peak_memory", lambda *a: resets.append(a))
     path = write_recipe(tmp_path)
     trainer = Trainer(load_train_recipe(path), recipe_root=tmp_path)
     before = {k: v.clone() for k, v in trainer.learner_model().state_dict().items()}
     result = trainer.run()
     assert result.steps == 3
+    assert len(resets) == 3
     after = trainer.learner_model().state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     records = read_metrics(tmp_path / "run")

@@ -10,6 +10,7 @@ from rltt.telemetry.stats import (
     grad_norms,
     mismatch_stats,
     peak_memory_gb,
+    reset_peak_memory,
 )
 
 
@@ -162,3 +163,21 @@ def test_entropy_and_mismatch_stats():
 def test_peak_memory_is_positive_gib():
     value = peak_memory_gb("cpu")
     assert 0.01 < value < 1024
+
+
+def test_cuda_peak_restarts_at_reset(monkeypatch):
+    """On CUDA `peak_memory_gb` reads the allocator's peak since the last `reset_peak_memory` (the
+    trainers reset after each record, so ``memory/peak_gb`` is a step's peak); emulated allocator."""
+    gib = 1024**3
+    state = {"now": 2 * gib, "peak": 9 * gib}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: state.update(peak=state["now"]))
+    assert peak_memory_gb() == 9.0
+    reset_peak_memory()
+    assert peak_memory_gb() == 2.0
+    state.update(peak=5 * gib)
+    assert peak_memory_gb("cuda") == 5.0
+    reset_peak_memory("cpu")  # not a CUDA device: the peak is left alone
+    assert peak_memory_gb("cuda") == 5.0
