@@ -34,9 +34,11 @@ skipped and recorded as skipped, and an alarm ends the section at its budget):
   work per pass — operators per layer-pass, syncs and reads per pass —, tokens/s, replay bitwise
   with the graphs, the buckets' and graph pool's bytes against the plan; on CPU "on" is the same
   bucketed passes run eagerly); ``rollout.attention: triton`` with the graphs on at that batch and
-  length (never run on a GPU before; it has no budget of its own): tokens/s of deferred and dense
-  and their ratio to the SDPA figures just measured, host work per pass, rows whose tokens and exits
-  equal SDPA's and the log-probs' largest difference on them, and a sampled deferred rollout's
+  length, each bucketed pass captured whole (one graph per bucket and step kind, the KV writes and
+  the slot attention inside it; that capture never run on a GPU before; it has no budget of its
+  own): tokens/s of deferred and dense and their ratio to the SDPA figures just measured, host work
+  per pass, rows whose tokens and exits equal SDPA's and the log-probs' largest difference on
+  them, and a sampled deferred rollout's
   ``replay_logprobs`` bitwise, a compile or launch error recorded as that sub-step's failure (with
   whether CUDA still works after it); ``replay_logprobs`` bitwise against a sampled deferred
   rollout; native ``dense`` vs ``deferred`` at batch 1 / 8 / 32 / 256 with 128 new tokens (greedy
@@ -979,12 +981,17 @@ def triton_attention(ctx: Context, sec: SectionResult, model, ids, base: str, de
     from rltt.rollout.host_work import rollout_host_work
 
     bsz, new_tokens = ids.shape[0], graphs_new_tokens(ctx)
-    on_label = "CUDA graphs" if ctx.cuda else "bucketed passes run eagerly (no CUDA), Triton's interpreter"
+    on_label = ("CUDA graphs, each bucketed pass captured whole (one graph per bucket and step kind: every layer's "
+                "KV write and slot attention inside it, not run eagerly between pieces as sdpa's are)" if ctx.cuda
+                else "bucketed passes run eagerly (no CUDA), Triton's interpreter")
     setting = (f"{base}; rollout.attention triton, {on_label}; batch {bsz}, prompt {ids.shape[1]}, {new_tokens} "
                f"new tokens, greedy tokens, sampled exits; one timed run after a warm-up (the warm-up compiles "
                f"the kernel and captures this engine's graphs); the prompts and parameters of graphs.*.on")
-    host_note = ("; host work: aten operators as for graphs.*.on — the slot-attention kernel itself (one Triton "
-                 "launch per layer-pass) is not an aten operator and is not in these counts")
+    host_note = ("; host work: aten operators as for graphs.*.on (a graph's replay is not an aten operator: one "
+                 "per replayed pass here, L + 1 there); Triton launches are not aten operators either, and with "
+                 "the graphs they run inside the captured pass"
+                 if ctx.cuda else "; host work: aten operators as for graphs.*.on — the slot-attention kernel "
+                 "itself (one Triton launch per layer-pass) is not an aten operator and is not in these counts")
     if ctx.cuda:
         engine = NativeEngine(model, cuda_graphs=True, attention="triton")
     else:
@@ -1036,7 +1043,10 @@ def triton_attention(ctx: Context, sec: SectionResult, model, ids, base: str, de
         if "dense" in times and "deferred" in times:
             sec.add("triton.deferred/dense", ratio(times["dense"], times["deferred"]), "x",
                     setting + "; tokens/s deferred over dense, both with triton")
-        sec.add("triton.captures", engine.buckets.captures, "(bucket, step kind) captures", setting)
+        sec.add("triton.captures", engine.buckets.captures, "(bucket, step kind) captures, one graph each (the "
+                "whole pass)" if ctx.cuda else "(bucket, step kind) captures (none: no CUDA)", setting)
+        sec.add("triton.graphs_held", sum(len(c.pieces) for b in engine.buckets.buckets.values()
+                                          for c in b.graphs.values()), "graphs", setting)
         sec.add("triton.replayed_passes", engine.buckets.replays, "passes", setting)
         if not deadline.allows(8 if ctx.cuda else 0):  # a sampled rollout and its replay: about 1 + 2 s here
             sec.skip("Triton attention bitwise replay")

@@ -71,7 +71,8 @@ class NativeMemory:
     def resident(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> dict[str, int]:
         return {"engine_copy": 0 if self.shares_model(s) else s.engine_bytes * shape.parameters,
                 "engine_fused": s.engine_bytes * shape.fused_parameters,
-                "engine_graphs": engine_graphs_bytes(shape, s.engine_bytes, capture=True) if s.cuda_graphs else 0,
+                "engine_graphs": engine_graphs_bytes(shape, s.engine_bytes, capture=True, attention=s.attention)
+                if s.cuda_graphs else 0,
                 "vllm": 0}
 
     def note(self, shape: "ModelShape", s: "RunSettings") -> str | None:

@@ -6,12 +6,18 @@ the engine dtype's bytes, a bucket's static buffers are::
     bucket_buffers  S·(2·d·b + 2·D·b + 8 + q·b)          embeddings, carries, RoPE cos/sin, steps (int64),
                                                         attention output
                     + S·(q + 2·kv)·b with CUDA graphs    the captured pieces' q/k/v for the eager attention
+                    + 16·S + 8 + 48·L                   with CUDA graphs and rollout.attention triton: a
+                                                        captured pass's inputs (`SlotInputs`: each item's
+                                                        slot and position, the count of real items, the
+                                                        cache table, L rows of 6 int64)
 
-(`bucket_buffer_bytes`; tests/rollout/test_buckets.py measures them on CPU). With CUDA graphs every
-bucket also captures up to K graphs of L + 1 pieces — K step kinds: the first step, later uniform
-steps and mixed steps (3), or 1 + T + 1 with a step-wise LoRA — in one shared memory pool that
-keeps each capture's outputs (h and the carry, 2·S·d·b) and the largest bucket's intermediates of
-one piece::
+(`bucket_buffer_bytes`; tests/rollout/test_buckets.py and tests/rollout/test_triton_capture.py
+measure them on CPU). With CUDA graphs every bucket also captures up to K graphs of L + 1 pieces
+(one graph of the whole pass with the Triton attention) — K step kinds: the first step, later
+uniform steps and mixed steps (3), or 1 + T + 1 with a step-wise LoRA — in one shared memory pool
+that keeps each capture's outputs (h and the carry, 2·S·d·b) and the largest bucket's
+intermediates of one piece (a whole pass's intermediates are freed and reused within its graph as a
+piece's are, its attention outputs included; the same bound is used for it, not measured)::
 
     graph_pool      Σ_S K·2·S·d·b + S_max·(8·d + 3·q + 4·kv + 4·f)·b
 
@@ -42,13 +48,23 @@ from typing import Iterable
 from rltt.planning.shapes import ModelShape
 
 
-def bucket_buffer_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int], capture: bool) -> int:
+#: a bucket's bytes of per-pass inputs for a captured pass, by ``rollout.attention``: the Triton
+#: attention's `rltt.rollout.kv_cache.SlotInputs` (slots and positions, S int64 each; the count; the
+#: cache table, L × 6 int64); sdpa keeps none (its attention runs eagerly between the graphs)
+CAPTURED_INPUTS = {"sdpa": lambda shape, size: 0, "triton": lambda shape, size: 16 * size + 8 + 48 * shape.layers}
+
+
+def bucket_buffer_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int], capture: bool,
+                        attention: str = "sdpa") -> int:
     """Static buffers of the buckets ``sizes`` (`rltt.rollout.buckets._Bucket`)."""
+    sizes = list(sizes)
     d, D, q, kv = shape.hidden, shape.head_dim, shape.q_dim, shape.kv_heads * shape.head_dim
     per_item = 2 * d * dtype_bytes + 2 * D * dtype_bytes + 8 + q * dtype_bytes
+    inputs = 0
     if capture:
         per_item += (q + 2 * kv) * dtype_bytes
-    return sum(sizes) * per_item
+        inputs = sum(CAPTURED_INPUTS[attention](shape, size) for size in sizes)
+    return sum(sizes) * per_item + inputs
 
 
 def step_kinds(shape: ModelShape) -> int:
@@ -71,12 +87,13 @@ def graph_pool_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int]) 
 CAPTURE_WORKSPACE = 32 * 2**20
 
 
-def engine_graphs_bytes(shape: ModelShape, dtype_bytes: int, capture: bool, sizes: Iterable[int] | None = None) -> int:
+def engine_graphs_bytes(shape: ModelShape, dtype_bytes: int, capture: bool, sizes: Iterable[int] | None = None,
+                        attention: str = "sdpa") -> int:
     """What the bucketed passes keep on the device between rollouts: every bucket of the table (a pass's
     items are not known in advance) — buffers, plus with ``capture`` the graph pool and the capture
     stream's cuBLAS workspace."""
     from rltt.rollout.buckets import BUCKETS
 
     sizes = list(BUCKETS if sizes is None else sizes)
-    return bucket_buffer_bytes(shape, dtype_bytes, sizes, capture) + (
+    return bucket_buffer_bytes(shape, dtype_bytes, sizes, capture, attention) + (
         graph_pool_bytes(shape, dtype_bytes, sizes) + CAPTURE_WORKSPACE if capture else 0)

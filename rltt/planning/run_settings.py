@@ -68,6 +68,7 @@ class RunSettings:
     vllm_eager: bool = False  # rollout.vllm.enforce_eager as resolved (null: eager on CPU, CUDA graphs on GPU)
     vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
     cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
+    attention: str = "sdpa"  # rollout.attention (a captured triton pass keeps per-bucket inputs)
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
 
     @classmethod
@@ -89,6 +90,7 @@ class RunSettings:
             vllm_eager=(device == "cpu") if r.vllm.enforce_eager is None else bool(r.vllm.enforce_eager),
             vllm_multiprocess=bool(r.vllm.multiprocess),
             cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
+            attention=getattr(r, "attention", "sdpa"),
             headroom=recipe.train.memory_headroom,
         )
 

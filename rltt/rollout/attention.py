@@ -2,15 +2,17 @@
 
 ``rollout.attention`` (`NativeEngine(attention=...)`) names one; its allowed values are this
 table's keys. Both write each item's keys and values into the cache the same way (one
-``index_copy_`` each, `rltt.rollout.kv_cache.GroupedAttend.write_rows_of`) and differ in how they
-read it:
+``index_copy_`` each, `rltt.rollout.kv_cache.GroupedAttend.write_rows_of`; a captured Triton pass
+copies the same bits with one launch of its own) and differ in how they read it:
 
 - ``sdpa`` (default): `GroupedAttend`, one ``scaled_dot_product_attention`` call per attention
   group of the pass (single-token entries, multi-token entries), the keys of entries at different
   loop steps gathered first (`rltt.rollout.kv_cache.layout_groups`).
 - ``triton``: `SlotAttend`, one launch of `rltt.kernels.slot_attention` per layer for all the
   pass's items, reading each item's cache slot in place (no gather). Needs Triton, and CUDA or
-  Triton's interpreter (``TRITON_INTERPRET=1``, CPU, slow: tests only).
+  Triton's interpreter (``TRITON_INTERPRET=1``, CPU, slow: tests only). With CUDA graphs a
+  bucketed pass is captured whole, its writes and attention launches included
+  (`rltt.rollout.buckets.PassBuckets`; the sdpa attention runs eagerly between captured pieces).
 
 A rollout records the implementation it ran (`Schedule.attention`) and `replay_logprobs` replays
 with it, so replay stays bitwise under either. The two agree within floating-point tolerance,

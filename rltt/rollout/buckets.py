@@ -15,6 +15,13 @@ else — the layers' norms, projections, RoPE, MLPs and the final norm — depen
   as a `torch.cuda.CUDAGraph` (all of them in one shared memory pool) and replayed; the attention
   (`GroupedAttend`, which writes the real items' keys and values) runs eagerly between replays on
   the real items. On CPU the same pieces run eagerly.
+- With the Triton attention (`SlotAttend`, ``rollout.attention: triton``) the pass is not cut: on
+  CUDA it is captured whole, one graph per bucket and step kind (`PassBuckets._whole`), its every
+  layer's key/value write and slot-attention launch included (`StaticSlotAttend`). Before each
+  replay the host copies the pass's inputs into the bucket's `SlotInputs` (each real item's cache
+  slot and position, the count of real items, the cache's table of addresses and strides — a graph
+  serves every rollout's and replay's cache); items at or past the count write no KV cell and read
+  none, their attention output is 0.
 - Every pass of 1 to 512 items is bucketed: the table starts at 1 and 2 (buckets of their own, so
   never padded) and pads 3 to 4, then 5-8 to 8 and so on. So on a GPU a batch-1 rollout and the
   last live rows of a chunk replay graphs too. Passes of more items than the largest bucket (long
@@ -52,6 +59,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rltt.errors import RlttError
+from rltt.rollout.kv_cache import SlotInputs
 
 #: item counts a pass is padded to (the smallest entry >= its items). It starts at 1: a batch-1
 #: rollout's passes and the last live rows of every chunk run 1-3 items, and on a GPU those replay
@@ -198,8 +206,8 @@ def resolve_cuda_graphs(setting: bool | None, device: torch.device | str, key: s
 
 @dataclass
 class _Captured:
-    """One bucket's pass at one step kind, captured: L + 1 graphs (pieces between the attention calls)
-    and the static tensors they read and write."""
+    """One bucket's pass at one step kind, captured: L + 1 graphs (pieces between the attention calls),
+    or one graph of the whole pass with the Triton attention, and the static tensors they read and write."""
 
     pieces: list
     h: torch.Tensor  # (S, 1, d)
@@ -220,11 +228,17 @@ class _Bucket:
     q: torch.Tensor | None  # (S, Hq, 1, D): a captured piece's q/k/v, copied for the eager attention (CUDA)
     k: torch.Tensor | None  # (S, Hkv, 1, D)
     v: torch.Tensor | None
-    graphs: dict = field(default_factory=dict)  # step kind -> _Captured
+    graphs: dict = field(default_factory=dict)  # step kind -> _Captured; (WHOLE, step kind) -> a whole pass
+    slot_inputs: SlotInputs | None = None  # a captured Triton pass's per-pass inputs (made at its first capture)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.embeds, self.carry, self.cos, self.sin, self.steps,
-                                                          self.attn_out, self.q, self.k, self.v) if t is not None)
+                                                          self.attn_out, self.q, self.k, self.v) if t is not None) + (
+            self.slot_inputs.nbytes() if self.slot_inputs is not None else 0)
+
+
+#: the graphs key of a whole captured pass (the Triton attention): ``(WHOLE, step kind)``
+WHOLE = "whole"
 
 
 class PassBuckets:
@@ -254,7 +268,7 @@ class PassBuckets:
         self.check: PaddingCheck | None = PaddingCheck() if self.device.type == "cuda" else None
         self.replays = 0  # passes served by replaying captured graphs
         self.eager = 0  # bucketed passes run eagerly (CPU, or a capture's first pass)
-        self.captures = 0  # (bucket, step kind) passes captured: L + 1 graphs each
+        self.captures = 0  # (bucket, step kind) passes captured: L + 1 graphs each, one with the Triton attention
 
     # -- buffers --------------------------------------------------------------------------------
     def size_of(self, items: int) -> int | None:
@@ -323,15 +337,11 @@ class PassBuckets:
             self.eager += 1
             h, carry = self._forward(b, step_arg, self._eager_attention(b, n, attend))
             return h[:n], carry[:n, 0]
+        if hasattr(attend, "static"):  # the Triton attention (`SlotAttend`): the pass is one graph
+            return self._whole(b, n, kind, step_arg, attend)
         captured = b.graphs.get(kind)
         if captured is None:
-            try:
-                captured = b.graphs[kind] = self._capture(b, step_arg)
-                self.captures += 1
-            except Exception as e:  # an operator the graphs cannot hold: say which switch avoids them
-                raise RlttError(f"CUDA-graph capture of a {size}-item pass failed ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]}); rollout.cuda_graphs: false runs the passes "
-                                f"without graphs") from e
+            captured = b.graphs[kind] = self._captured(size, lambda: self._capture(b, step_arg))
         pieces = captured.pieces
         q, k, v, out = b.q[:n], b.k[:n], b.v[:n], b.attn_out[:n]  # the real items' rows, every layer's
         for layer, piece in enumerate(pieces[:-1]):
@@ -340,6 +350,50 @@ class PassBuckets:
         pieces[-1].replay()
         self.replays += 1
         return captured.h[:n], captured.carry[:n, 0]
+
+    def _captured(self, size: int, capture) -> _Captured:
+        try:
+            captured = capture()
+        except Exception as e:  # an operator the graphs cannot hold: say which switch avoids them
+            raise RlttError(f"CUDA-graph capture of a {size}-item pass failed ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:200]}); rollout.cuda_graphs: false runs the passes "
+                            f"without graphs") from e
+        self.captures += 1
+        return captured
+
+    def _whole(self, b: _Bucket, n: int, kind, step_arg, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pass with the Triton attention, replayed as ONE graph: its per-pass inputs (each real item's
+        cache slot and position, the count of real items, the cache's table) copied into the bucket's
+        `SlotInputs`, then the graph — every layer's key/value writes and slot attention included
+        (`StaticSlotAttend`: padded items write nothing and read nothing) — replayed."""
+        if b.slot_inputs is None:
+            b.slot_inputs = SlotInputs(b.size, len(self.inner.layers), self.device)
+        attend.load(b.slot_inputs, n)
+        captured = b.graphs.get((WHOLE, kind))
+        if captured is None:
+            static = attend.static(b.slot_inputs)
+            captured = self._captured(b.size, lambda: self._capture_whole(b, step_arg, static))
+            b.graphs[(WHOLE, kind)] = captured
+        captured.pieces[0].replay()
+        self.replays += 1
+        return captured.h[:n], captured.carry[:n, 0]
+
+    def _capture_whole(self, b: _Bucket, step_arg, static) -> _Captured:
+        """Capture the whole pass with ``static`` (`StaticSlotAttend`) as its attention: a warm-up run
+        outside the capture (compiles the kernels; it writes the real items' keys and values, the
+        same bits the pass writes), then the pass in one graph."""
+        graphs, graph = self.graphs, self.graphs.graph()
+        with graphs.capturing():
+            self._forward(b, step_arg, static)
+            graphs.warmed()
+            graphs.begin(graph)
+            try:
+                h, carry = self._forward(b, step_arg, static)
+            except BaseException:
+                graphs.end(graph)  # leave the stream out of capture mode
+                raise
+            graphs.end(graph)
+        return _Captured([graph], h, carry)
 
     def _forward(self, b: _Bucket, step_arg, hook):
         return self.inner.step(b.embeds, b.carry, step_arg, b.cos, b.sin, hook)

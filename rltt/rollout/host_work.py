@@ -6,8 +6,8 @@ pipeline and rules out CUDA-graph capture).
 What is counted, over one call of ``fn`` (e.g. ``NativeEngine.generate``):
 
 - ``operators``: top-level ``aten::`` operators (no profiled parent), views and metadata ops
-  included — what the Python side dispatches. ``launches`` leaves out the ops that launch no
-  kernel (views, ``detach``, ``lift_fresh``, ``resolve_*``).
+  included — what the Python side dispatches — and rltt's own (`OPERATORS`). ``launches``
+  leaves out the ops that launch no kernel (views, ``detach``, ``lift_fresh``, ``resolve_*``).
 - ``syncs``: ``aten::_local_scalar_dense`` (every ``.item()``, ``bool(t)``, ``int(t)`` goes through
   it), ``aten::nonzero`` and ``aten::masked_select`` (boolean-mask indexing), at any depth. On a CUDA
   tensor each waits for the device.
@@ -33,6 +33,10 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+#: the operators counted: PyTorch's, and rltt's own (`rltt.kernels.slot_attention`'s launches of a
+#: captured pass, which a CPU emulation of the capture records and replays as operators; what they
+#: call inside is theirs, not the host's per-pass work)
+OPERATORS = ("aten::", "rltt::")
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select")
 NO_LAUNCH_OPS = frozenset({
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::select", "aten::slice", "aten::unsqueeze",
@@ -92,7 +96,7 @@ def profile_host_work(fn: Callable[[], Any], layers: int, passes: Callable[[Any]
     with profile(activities=[ProfilerActivity.CPU], with_stack=stacks) as prof, reads:
         out = fn()
     events = prof.events()
-    top = [e for e in events if e.name.startswith("aten::") and not _under_operator(e)]
+    top = [e for e in events if e.name.startswith(OPERATORS) and not _under_operator(e)]
     syncs = [e for e in events if e.name in SYNC_OPS]
     sites: Counter = Counter()
     if stacks:
@@ -189,7 +193,7 @@ def _under_operator(event) -> bool:
     """Whether an operator called ``event`` (Python-frame events of a stack profile do not count)."""
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith("aten::"):
+        if parent.name.startswith(OPERATORS):
             return True
         parent = parent.cpu_parent
     return False

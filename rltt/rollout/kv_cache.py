@@ -12,7 +12,9 @@ multi-token ones, whatever their steps — each item attending to the keys of it
 positions ≤ its own (causal among items of the same row and step).
 
 `SlotAttend` is its sibling for ``rollout.attention: triton`` (`rltt.rollout.attention`): the same
-writes, then one Triton launch per layer for every item, reading each item's slot in place.
+writes, then one Triton launch per layer for every item, reading each item's slot in place. In a
+bucketed pass with CUDA graphs it is captured with the rest of the pass (`SlotInputs`,
+`StaticSlotAttend`; `rltt.rollout.buckets`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,18 @@ class StepKVCache:
         self.key_slots = [k.flatten(0, 1) for k in self.keys]
         self.value_slots = [v.flatten(0, 1) for v in self.values]
         self.num_rows = num_rows
+        self._table: torch.Tensor | None = None
+
+    def slot_table(self) -> torch.Tensor:
+        """(L, 6) int64 on the device: every layer's slot views' addresses and strides
+        (`rltt.kernels.slot_attention.table_rows`), made once, in one upload: how a captured Triton
+        pass reaches this cache."""
+        if self._table is None:
+            from rltt.kernels.slot_attention import table_rows  # lazy: triton is optional
+
+            rows = table_rows(self.key_slots, self.value_slots)
+            self._table = upload([[x for row in rows for x in row]], self.keys[0].device)[0].view(len(rows), -1)
+        return self._table
 
 
 @dataclass
@@ -299,3 +313,59 @@ class SlotAttend:
         out = self.kernel(q.view(n_items, num_heads, head_dim), cache.key_slots[layer_idx],
                           cache.value_slots[layer_idx], self.slots, self.positions, self.scale)
         return out.unsqueeze(2)  # (N, Hq, 1, D)
+
+    # -- the whole pass captured (rltt.rollout.buckets) -------------------------------------------
+    def load(self, inputs: "SlotInputs", n: int) -> None:
+        """Before a captured pass's replay: this pass's ``n`` real items (their slots and positions),
+        their count and the cache's table, copied into a bucket's static inputs (device copies: no
+        sync). Items ``n`` and above keep stale values, which the kernels do not read."""
+        inputs.slots[:n].copy_(self.slots)
+        inputs.positions[:n].copy_(self.positions)
+        inputs.count.fill_(n)
+        table = self.cache.slot_table()
+        if inputs.loaded is not table:  # one table per cache: copied when the cache changes
+            inputs.table.copy_(table)
+            inputs.loaded = table
+
+    def static(self, inputs: "SlotInputs") -> "StaticSlotAttend":
+        return StaticSlotAttend(inputs, self.scale)
+
+
+class SlotInputs:
+    """A bucket's static inputs for a captured Triton pass of ``size`` items (`SlotAttend.load` fills
+    them before each replay): each item's cache slot and position (the write cell and the keys read),
+    the count of real items, and the cache's table (`StepKVCache.slot_table`: every layer's key and
+    value addresses and strides) — so one graph serves every rollout's and replay's cache."""
+
+    def __init__(self, size: int, num_layers: int, device: torch.device):
+        from rltt.kernels.slot_attention import TABLE_COLUMNS
+
+        self.slots = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.count = torch.zeros(1, dtype=torch.long, device=device)
+        self.table = torch.zeros(num_layers, TABLE_COLUMNS.value, dtype=torch.long, device=device)
+        self.loaded: torch.Tensor | None = None  # the table last copied in (a cache's `slot_table`)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.slots, self.positions, self.count, self.table))
+
+
+class StaticSlotAttend:
+    """``attend(q, k, v, layer)`` over a bucket's every item, reading only `SlotInputs` (what a captured
+    pass may read): one launch writes the real items' keys and values into the cache (items at or past
+    the count write nothing), one launch attends each real item over its slot (padded items read
+    nothing; their output is 0 and unused). The same kernel and arithmetic as `SlotAttend`: a real
+    item's output is bitwise the same."""
+
+    def __init__(self, inputs: SlotInputs, scale: float):
+        from rltt.kernels.slot_attention import slot_attention_table, slot_write_table
+
+        self.write, self.attend = slot_write_table, slot_attention_table
+        self.inputs, self.scale = inputs, scale
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        x = self.inputs
+        self.write(k[:, :, 0], v[:, :, 0], x.slots, x.positions, x.table, x.count, layer_idx)  # (S, Hkv, D) views
+        out = self.attend(q[:, :, 0], x.slots, x.positions, x.table, x.count, layer_idx, self.scale,
+                          q.shape[1] // k.shape[1])
+        return out.unsqueeze(2)  # (S, Hq, 1, D)

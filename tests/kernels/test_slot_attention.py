@@ -160,37 +160,52 @@ def test_random_passes(data):
                                **TOL[torch.float32])
 
 
+#: the kernels compiled ahead of time: (name, function, constexprs, argument types after the tensors'
+#: dtype is substituted for "t")
+def _aot_cases(sa):
+    attention_types = ["*t"] * 3 + ["*i64", "*i64", "*t", "*i64", "*i64", "i32", "fp32"] + ["i32"] * 16
+    # q, k, v, slot, qpos, out, table, count, layer, scale, 14 strides, head_dim, n_rep
+    write_types = ["*t", "*t", "*i64", "*i64", "*i64", "*i64", "i32"] + ["i32"] * 7
+    # k, v, slot, qpos, table, count, layer, 6 strides, head_dim
+    return [("attention", sa._slot_attention_kernel, dict(BLOCK_N=sa.BLOCK_N["cuda"], BLOCK_D=128, CACHE_TABLE=False),
+             attention_types),
+            ("attention-table", sa._slot_attention_kernel,
+             dict(BLOCK_N=sa.BLOCK_N["cuda"], BLOCK_D=128, CACHE_TABLE=True), attention_types),
+            ("write-table", sa._slot_write_kernel, dict(BLOCK_D=128), write_types)]
+
+
 def compile_for_gpus() -> dict:
-    """Compile the kernel ahead of time for sm_80 and sm_90 in bf16, fp16 and fp32 with the CUDA block
-    size and head dim 128 (run in a child process without the interpreter)."""
+    """Compile the kernels ahead of time for sm_80 and sm_90 in bf16, fp16 and fp32 with the CUDA block
+    size and head dim 128 (run in a child process without the interpreter): the slot attention as an
+    eager pass launches it and as a captured pass does (the cache through its table, `CACHE_TABLE`),
+    and the captured pass's key/value write."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from rltt.kernels import slot_attention as sa
 
     out = {}
-    for arch in (80, 90):
-        for t in ("bf16", "fp16", "fp32"):
-            fn = triton.jit(sa._slot_attention_kernel)
-            cfg = dict(BLOCK_N=sa.BLOCK_N["cuda"], BLOCK_D=128)
-            # q, k, v, slot, qpos, out, scale, 14 strides, head_dim, n_rep
-            types = [f"*{t}"] * 3 + ["*i64", "*i64", f"*{t}", "fp32"] + ["i32"] * 16
-            signature = dict(zip([a for a in fn.arg_names if a not in cfg], types))
-            signature.update({k: "constexpr" for k in cfg})
-            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                       if signature[a].startswith("*")}
-            try:
-                compiled = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs=cfg, attrs=aligned),
-                                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-                out[f"sm{arch}-{t}"] = {"elf": compiled.asm["cubin"][:4] == b"\x7fELF",
-                                        "shared": compiled.metadata.shared}
-            except Exception as exc:  # noqa: BLE001 - reported per case
-                out[f"sm{arch}-{t}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+    for name, kernel, cfg, types in _aot_cases(sa):
+        for arch in (80, 90):
+            for t in ("bf16", "fp16", "fp32"):
+                fn = triton.jit(kernel)
+                signature = dict(zip([a for a in fn.arg_names if a not in cfg], [x.replace("t", t) if x == "*t" else x
+                                                                                 for x in types]))
+                signature.update({k: "constexpr" for k in cfg})
+                aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                           if signature[a].startswith("*")}
+                try:
+                    compiled = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs=cfg, attrs=aligned),
+                                              target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+                    out[f"{name}-sm{arch}-{t}"] = {"elf": compiled.asm["cubin"][:4] == b"\x7fELF",
+                                                   "shared": compiled.metadata.shared}
+                except Exception as exc:  # noqa: BLE001 - reported per case
+                    out[f"{name}-sm{arch}-{t}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
     return out
 
 
 def test_compiles_for_gpus(tmp_path):
-    """What can be checked without a GPU: the kernel compiles to a cubin for A100 and H100/H200 in every
+    """What can be checked without a GPU: the kernels compile to a cubin for A100 and H100/H200 in every
     model dtype (tests/kernels/test_triton_aot.py does the same for the log-prob kernels)."""
     import json
     import os
@@ -210,6 +225,6 @@ def test_compiles_for_gpus(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULTS "))[len("RESULTS "):])
-    assert len(got) == 6
+    assert len(got) == 18  # 3 kernels (`_aot_cases`) x 2 architectures x 3 dtypes
     for case, result in got.items():
         assert "error" not in result and result["elf"], (case, result)
