@@ -382,18 +382,27 @@ class PassBuckets:
         """Capture the whole pass with ``static`` (`StaticSlotAttend`) as its attention: a warm-up run
         outside the capture (compiles the kernels; it writes the real items' keys and values, the
         same bits the pass writes), then the pass in one graph."""
-        graphs, graph = self.graphs, self.graphs.graph()
+        open_graph = [self.graphs.graph()]
+        h, carry = self._record(b, step_arg, open_graph, warm=static, hook=static)
+        return _Captured(open_graph, h, carry)
+
+    def _record(self, b: _Bucket, step_arg, open_graph: list, warm, hook):
+        """The capture protocol both kinds share: a warm-up pass with ``warm`` as its attention
+        (kernels and library handles made outside the capture), then the pass with ``hook``, recorded
+        into ``open_graph[0]`` (a hook may end it and put the next one there). Ends the graph open at
+        the pass's end; returns the pass's static outputs."""
+        graphs = self.graphs
         with graphs.capturing():
-            self._forward(b, step_arg, static)
+            self._forward(b, step_arg, warm)
             graphs.warmed()
-            graphs.begin(graph)
+            graphs.begin(open_graph[0])
             try:
-                h, carry = self._forward(b, step_arg, static)
+                h, carry = self._forward(b, step_arg, hook)
             except BaseException:
-                graphs.end(graph)  # leave the stream out of capture mode
+                graphs.end(open_graph[0])  # leave the stream out of capture mode
                 raise
-            graphs.end(graph)
-        return _Captured([graph], h, carry)
+            graphs.end(open_graph[0])
+        return h, carry
 
     def _forward(self, b: _Bucket, step_arg, hook):
         return self.inner.step(b.embeds, b.carry, step_arg, b.cos, b.sin, hook)
@@ -411,33 +420,23 @@ class PassBuckets:
         buffers inside the piece, and starts the next one reading ``attn_out``."""
         graphs = self.graphs
         pieces = []
-        graph = graphs.graph()
+        open_graph = [graphs.graph()]
 
         def skip(q, k, v, layer):
             return b.attn_out
 
         def cut(q, k, v, layer):
-            nonlocal graph
             b.q.copy_(q)
             b.k.copy_(k)
             b.v.copy_(v)
-            graphs.end(graph)
-            pieces.append(graph)
-            graph = graphs.graph()
-            graphs.begin(graph)
+            graphs.end(open_graph[0])
+            pieces.append(open_graph[0])
+            open_graph[0] = graphs.graph()
+            graphs.begin(open_graph[0])
             return b.attn_out
 
-        with graphs.capturing():
-            self._forward(b, step_arg, skip)  # warm-up: kernels and library handles made outside capture
-            graphs.warmed()
-            graphs.begin(graph)
-            try:
-                h, carry = self._forward(b, step_arg, cut)
-            except BaseException:
-                graphs.end(graph)  # leave the stream out of capture mode
-                raise
-            graphs.end(graph)
-            pieces.append(graph)
+        h, carry = self._record(b, step_arg, open_graph, warm=skip, hook=cut)
+        pieces.append(open_graph[0])
         return _Captured(pieces, h, carry)
 
 

@@ -103,3 +103,16 @@ def assert_forced_at_budget(batch: RolloutBatch, budget: int, interruption: list
     assert (batch.logprobs[forced] == 0).all() and (batch.tempered_logprobs[forced] == 0).all()
     assert (batch.exit_steps[forced] == 0).all()
     assert (batch.logprobs[sampled] < 0).all() and (batch.exit_steps[sampled] >= 1).all()
+
+
+def rollout_fields(batch):
+    """Every recorded field of a rollout (tokens, exits, log-probs, gates, pass records), for bitwise
+    comparisons between engines and paths."""
+    fields = [batch.completion_ids, batch.exit_steps, batch.logprobs, batch.tempered_logprobs,
+              batch.gate_probs.nan_to_num(-1.0), batch.exit_logprobs, batch.kept_floor, batch.completion_mask,
+              batch.stats.row_passes]
+    return fields + [t for p in batch.schedule.passes for t in (p.work, p.exits)]
+
+
+def fields_equal(a, b):
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))

@@ -14,7 +14,7 @@ from rltt.rollout.buckets import (BUCKETS, PaddingCheck, PassBuckets, _checked_c
                                   resolve_cuda_graphs, tail_free)
 from rltt.rollout.executor import PassExecutor
 
-from .helpers import prompts, tiny_model
+from .helpers import fields_equal as _equal, prompts, rollout_fields as _fields, tiny_model
 
 
 def test_the_bucket_table():
@@ -29,17 +29,6 @@ def test_the_bucket_table():
     checked = _checked_counts(BUCKETS)
     assert checked[0] == 3 and not set(checked) & set(BUCKETS)
     assert set(range(1, 129)) - set(checked) == {b for b in BUCKETS if b <= 128}
-
-
-def _fields(batch):
-    fields = [batch.completion_ids, batch.exit_steps, batch.logprobs, batch.tempered_logprobs,
-              batch.gate_probs.nan_to_num(-1.0), batch.exit_logprobs, batch.kept_floor, batch.completion_mask,
-              batch.stats.row_passes]
-    return fields + [t for p in batch.schedule.passes for t in (p.work, p.exits)]
-
-
-def _equal(a, b):
-    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
 
 
 def _compare(model, sizes, params, chunk_rows=None):

@@ -18,7 +18,7 @@ from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
 from rltt.rollout.buckets import WHOLE, PassBuckets, attach
 from rltt.rollout.executor import PassExecutor
 
-from .helpers import prompts, tiny_model
+from .helpers import fields_equal as _equal, prompts, rollout_fields as _fields, tiny_model
 
 
 @pytest.fixture
@@ -33,17 +33,6 @@ def _captured_engine(model):
     engine = NativeEngine(model, attention="triton")
     engine.buckets = PassBuckets(model, capture=True, graphs=EmulatedGraphs())
     return engine
-
-
-def _fields(batch):
-    fields = [batch.completion_ids, batch.exit_steps, batch.logprobs, batch.tempered_logprobs,
-              batch.gate_probs.nan_to_num(-1.0), batch.exit_logprobs, batch.kept_floor, batch.completion_mask,
-              batch.stats.row_passes]
-    return fields + [t for p in batch.schedule.passes for t in (p.work, p.exits)]
-
-
-def _equal(a, b):
-    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("dtype,schedule", [(torch.float32, "dense"), (torch.bfloat16, "deferred")])
