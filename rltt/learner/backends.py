@@ -285,6 +285,10 @@ def init_distributed_if_needed() -> None:
         os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
                            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":  # DeepSpeed's CPU accelerator builds its comm op here: not behind a dead builder's lock
+        from rltt.runtime.extension_lock import clear_stale_build_lock
+
+        clear_stale_build_lock("deepspeed_shm_comm")
     deepspeed.init_distributed(dist_backend=backend)
 
 
