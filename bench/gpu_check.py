@@ -938,6 +938,8 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     sec.add("graphs.planned_gib", round(planned / GIB, 4), "GiB", note)
     sec.add("graphs.measured_gib", round(measured / GIB, 4), "GiB", note)
     sec.add("graphs.planned/measured", ratio(planned, measured), "x", note)
+    sec.add("graphs.captures_at_measurement", on.buckets.captures, "(bucket, step kind) captures",
+            note + "; after the sampled deferred rollout and its replay (graphs.captures is read before them)")
     from rltt.rollout.buckets import attach
 
     attach(model, None)

@@ -78,10 +78,10 @@ EXPECTED = {
     + [f"graphs.{s}.{k}" for s in ("dense", "deferred") for k in ("on/off", "same_tokens_and_exits")]
     + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in ("warmup_s", "uploads_per_pass")]
     + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "captures", "replay_bitwise_equal",
-                               "planned_gib", "measured_gib", "planned/measured")]
+                               "planned_gib", "measured_gib", "planned/measured", "captures_at_measurement")]
     + ["attention.cudnn_sdp_enabled_by_default"]  # one SDPA call at a new shape and again, per backend setting
     + [f"attention.{b}.{k}" for b in ("default", "cudnn_off") for k in ("new_shape_ms", "repeat_ms")]
-    + [f"triton.{s}.{k}" for s in ("dense", "deferred") for k in  # rollout.attention: triton, the last sub-step
+    + [f"triton.{s}.{k}" for s in ("dense", "deferred") for k in  # rollout.attention: triton, after the graphs comparison
        ("warmup_s", "tok_s", "recorded_attention", "triton/sdpa", "rows_equal_sdpa", "logprob_max_abs_diff_vs_sdpa",
         "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass", "uploads_per_pass")]
     + [f"triton.{k}" for k in ("deferred/dense", "captures", "replayed_passes", "replay_bitwise_equal",
