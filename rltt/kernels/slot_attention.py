@@ -28,11 +28,12 @@ program's loop bound) is read from device tensors, so a bucketed pass (`rltt.rol
 fixed N) captures it. A captured pass is replayed with every rollout's and replay's own KV cache, so
 its launches cannot take the cache as an argument (an address fixed at capture): with
 ``CACHE_TABLE`` the kernel reads the layer's key and value addresses and strides from a small int64
-table in device memory (`cache_table`, copied into the bucket before each replay), and only the
-items below ``count[0]`` (the real ones) read keys — a padded item reads nothing and its output is 0.
-Every arithmetic step is the same code as the eager launch, so a real item's output is bitwise the
-same either way. `slot_write_table` is the captured pass's key/value write: one launch, each real
-item's key and value copied bit for bit to its cell, padded items writing nothing. Both are torch
+table in device memory (`table_rows`, uploaded once per cache by `StepKVCache.slot_table` and
+copied into the bucket before each replay), and only the items below ``count[0]`` (the real ones)
+read keys — a padded item reads nothing and its output is 0. Every arithmetic step is the same
+code as the eager launch, so a real item's output is bitwise the same either way.
+`slot_write_table` is the captured pass's key/value write: one launch, each real item's key and
+value copied bit for bit to its cell, padded items writing nothing. Both are torch
 operators (``rltt::slot_attention_table``, ``rltt::slot_write``), so that a CPU emulation of graph
 capture (`rltt.rollout.graph_emulation`) records each launch as one operator.
 
@@ -130,7 +131,7 @@ def _interpreting() -> bool:
 
 
 #: a cache table's row per layer: the key and value caches' addresses, then the slot, head,
-#: position and element strides (in elements) the two share (`cache_table`)
+#: position and element strides (in elements) the two share (`table_rows`)
 TABLE_COLUMNS = tl.constexpr(6)
 
 
@@ -146,6 +147,10 @@ def _kernel(interpret: bool, fn=_slot_attention_kernel):
 #: keys per block: a fixed size per device kind (the result's rounding depends on it, so it is
 #: never tuned per call). The interpreter gets a small block so short tests cross block edges.
 BLOCK_N = {"cuda": 64, "cpu": 16}
+
+
+def _block_n(device: torch.device) -> int:
+    return BLOCK_N["cuda" if device.type == "cuda" else "cpu"]
 
 
 def _check(q, key_slots, value_slots, slot, qpos) -> tuple[int, int, int]:
@@ -182,7 +187,7 @@ def slot_attention(q: torch.Tensor, key_slots: torch.Tensor, value_slots: torch.
     if n == 0 or hq == 0:
         return out
     if block_n is None:
-        block_n = BLOCK_N["cuda" if q.device.type == "cuda" else "cpu"]
+        block_n = _block_n(q.device)
     _kernel(_interpreting())[(n, hq)](
         q, key_slots, value_slots, slot, qpos, out, slot, slot, 0, float(scale),
         *q.stride(), *key_slots.stride(), *value_slots.stride(), *out.stride(), d, hq // key_slots.shape[1],
@@ -221,11 +226,6 @@ def table_rows(key_slots: list[torch.Tensor], value_slots: list[torch.Tensor]) -
     return rows
 
 
-def cache_table(key_slots: list[torch.Tensor], value_slots: list[torch.Tensor]) -> torch.Tensor:
-    """`table_rows` as an (L, `TABLE_COLUMNS`) int64 tensor on the caches' device."""
-    return torch.tensor(table_rows(key_slots, value_slots), dtype=torch.long).to(key_slots[0].device)
-
-
 def _launch_write(k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, qpos: torch.Tensor, table: torch.Tensor,
                   count: torch.Tensor, layer: int) -> None:
     n, hkv, d = k.shape
@@ -259,7 +259,7 @@ _attention_op = torch.library.custom_op("rltt::slot_attention_table", _launch_at
 def slot_write_table(k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, qpos: torch.Tensor, table: torch.Tensor,
                      count: torch.Tensor, layer: int) -> None:
     """Write item i's key and value (``k``, ``v`` (N, Hkv, D)) at position ``qpos[i]`` of slot ``slot[i]``
-    of layer ``layer``'s cache (reached through ``table``, `cache_table`) for the items i < ``count[0]``;
+    of layer ``layer``'s cache (reached through ``table``, `table_rows`) for the items i < ``count[0]``;
     the others write nothing. One launch."""
     _write_op(k, v, slot, qpos, table, count, layer)
 
@@ -267,9 +267,9 @@ def slot_write_table(k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, qpos:
 def slot_attention_table(q: torch.Tensor, slot: torch.Tensor, qpos: torch.Tensor, table: torch.Tensor,
                          count: torch.Tensor, layer: int, scale: float, n_rep: int,
                          block_n: int | None = None) -> torch.Tensor:
-    """`slot_attention` over layer ``layer``'s cache reached through ``table`` (`cache_table`), for the
+    """`slot_attention` over layer ``layer``'s cache reached through ``table`` (`table_rows`), for the
     items i < ``count[0]``; the others read nothing and get 0. The same kernel and arithmetic as
     `slot_attention`: an item's output is bitwise the same by either. ``n_rep``: query heads per key head."""
     if block_n is None:
-        block_n = BLOCK_N["cuda" if q.device.type == "cuda" else "cpu"]
+        block_n = _block_n(q.device)
     return _attention_op(q, slot, qpos, table, count, layer, float(scale), n_rep, block_n)
