@@ -152,8 +152,9 @@ class RolloutSection:
     ``cuda_graphs``: the native engine's passes padded to bucketed sizes and replayed as CUDA graphs
     (`rltt.rollout.buckets`, docs/engine.md) — null: on with CUDA, off on CPU; true needs CUDA.
     ``attention``: the native engine's attention — ``sdpa`` (default; grouped SDPA calls) or ``triton``
-    (one Triton launch per layer reading the KV cache in place; needs Triton and CUDA; not yet measured
-    on a GPU; `rltt.rollout.attention`, docs/engine.md)."""
+    (one Triton launch per layer reading the KV cache in place; needs Triton and CUDA; measured once on a
+    GPU with the attention between captured pieces, its whole-pass capture not yet; `rltt.rollout.attention`,
+    docs/engine.md)."""
 
     engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
