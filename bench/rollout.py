@@ -9,6 +9,9 @@
     python bench/rollout.py --host-work --hidden 128 --layers 2 --batch-sizes 8 --new-tokens 24 --write
                                                  # … and the host work per pass (profiler counts,
                                                  # rltt.rollout.host_work) of dense and deferred
+    python bench/rollout.py --gemm-floor --new-tokens 64 --mean-exit 2.2 --temperature 1.0 --write
+                                                 # … and how far dense could go past generate() if all
+                                                 # its work but the GEMMs (and attention) cost nothing
     python bench/rollout.py --buckets --batch-sizes 1,8,32 --write
                                                  # bucketed passes (rltt.rollout.buckets, run eagerly: the
                                                  # CPU form of the CUDA-graph path) against today's passes
@@ -48,6 +51,17 @@ SECTION = "## Rollout engine (bench/rollout.py)"
 VLLM_SECTION = "### vLLM engine (`bench/rollout.py --engine vllm`)"
 HOST_SECTION = "### Host work per pass (`bench/rollout.py --host-work`)"
 BUCKET_SECTION = "### Bucketed passes (`bench/rollout.py --buckets`)"
+FLOOR_SECTION = "### The GEMM floor: native dense against generate() (`bench/rollout.py --gemm-floor`)"
+FLOOR_NOTES = """\
+Native dense and `generate()` with final exits run the same GEMMs per token (every token computes all T
+loop steps). One more call of each runs under `torch.profiler` (CPU activity) and the self time of its GEMM
+operators (`aten::mm`, `addmm`, `bmm`, `baddbmm`, `mv`, `addmv`) and of its attention kernels (the
+`scaled_dot_product` operators) is summed. *GEMM bound* = generate()'s (unprofiled) time / dense's GEMM time:
+the most dense/generate() could reach if everything in a native pass but its GEMMs took no time; *GEMM +
+attention bound* leaves the attention kernels in as well. The profiler inflates small operators more than
+GEMMs, which lowers the measured GEMM share and so raises these bounds: they are upper bounds.
+"""
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv"})
 BUCKET_NOTES = """\
 Bucketed passes (`rltt.rollout.buckets`, docs/engine.md) pad a pass's items to a table of sizes so that a
 GPU can replay each bucket's pieces as CUDA graphs; on CPU the same bucketed code runs eagerly, which costs
@@ -170,6 +184,8 @@ def run(args) -> tuple[list[dict], str]:
         row["ratio"] = row["deferred_tps"] / row["dense_tps"]
         row["vs_hf"] = row["native_final_tps"] / row["hf_tps"]
         row["dense_vs_hf"], row["deferred_vs_hf"] = row["dense_tps"] / row["hf_tps"], row["deferred_tps"] / row["hf_tps"]
+        if args.gemm_floor:
+            row.update(gemm_floor(configs["dense"], hf, best["dense"], best["hf_final"]))
         if args.host_work:
             for schedule in ("dense", "deferred"):
                 counted, work = rollout_host_work(engine, distinct.tolist(), SamplingParams(
@@ -183,6 +199,40 @@ def run(args) -> tuple[list[dict], str]:
               f"{row['hf_tps']:.1f} tok/s ({row['vs_hf']:.2f}x); dense / generate() {row['dense_vs_hf']:.2f}x, "
               f"deferred / generate() {row['deferred_vs_hf']:.2f}x", flush=True)
     return rows, table(rows)
+
+
+def kernel_seconds(fn) -> tuple[float, float]:
+    """(GEMM, attention) self CPU seconds of one ``fn()`` call under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = prof.key_averages()
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
+    attention = sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key)
+    return gemm / 1e6, attention / 1e6
+
+
+def gemm_floor(dense, hf, dense_seconds: float, hf_seconds: float) -> dict:
+    """How far native dense could go past generate() if all its work but the kernels cost nothing."""
+    dense_gemm, dense_attn = kernel_seconds(dense)
+    hf_gemm, hf_attn = kernel_seconds(hf)
+    return dict(floor=dict(dense_s=dense_seconds, hf_s=hf_seconds, dense_gemm=dense_gemm, dense_attn=dense_attn,
+                           hf_gemm=hf_gemm, hf_attn=hf_attn, gemm_bound=hf_seconds / dense_gemm,
+                           kernel_bound=hf_seconds / (dense_gemm + dense_attn)))
+
+
+def floor_table(rows: list[dict]) -> str:
+    lines = ["| batch | dense s | generate() s | dense/generate | dense GEMM s (share) | generate() GEMM s (share) "
+             "| dense attention s | GEMM bound | GEMM + attention bound |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        f = r["floor"]
+        lines.append(f"| {r['batch']} | {f['dense_s']:.2f} | {f['hf_s']:.2f} | {r['dense_vs_hf']:.2f}× | "
+                     f"{f['dense_gemm']:.2f} ({f['dense_gemm'] / f['dense_s']:.0%}) | "
+                     f"{f['hf_gemm']:.2f} ({f['hf_gemm'] / f['hf_s']:.0%}) | {f['dense_attn']:.2f} | "
+                     f"**{f['gemm_bound']:.2f}×** | {f['kernel_bound']:.2f}× |")
+    return "\n".join(lines)
 
 
 def run_vllm(args) -> tuple[list[dict], str]:
@@ -410,6 +460,10 @@ def main(argv=None) -> None:
                         help="also profile one dense and one deferred call per batch size: operators per (layer · "
                              "pass) and syncs per pass (with --write: the ### Host work subsection, alone; with "
                              "--buckets: unbucketed, bucketed and with CUDA graphs emulated on CPU)")
+    parser.add_argument("--gemm-floor", action="store_true",
+                        help="also profile one dense and one generate() call per batch size: their GEMM and attention "
+                             "time, and the most dense/generate() could reach if nothing else cost time (with "
+                             "--write: the ### GEMM floor subsection, alone)")
     parser.add_argument("--buckets", action="store_true",
                         help="bucketed passes (run eagerly, as on CPU) against today's unbucketed passes, same "
                              "process: tok/s, ratio, bitwise equality (with --write: the ### Bucketed passes subsection)")
@@ -448,6 +502,13 @@ def main(argv=None) -> None:
         if args.write:
             write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n",
                           append=args.append, heading=BUCKET_SECTION, notes=BUCKET_NOTES)
+        return
+    if args.gemm_floor and args.engine == "native":
+        floor = floor_table(rows)
+        print(floor)
+        if args.write:
+            write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n\n{floor}\n",
+                          heading=FLOOR_SECTION, notes=FLOOR_NOTES)
         return
     if args.host_work and args.engine == "native":
         host = host_table(rows)

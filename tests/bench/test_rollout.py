@@ -2,6 +2,8 @@
 
 import re
 
+import torch
+
 from tests.bench.helpers import ROOT, load_bench
 
 
@@ -86,3 +88,35 @@ def test_buckets_mode_compares_the_bucketed_passes_bit_for_bit(tmp_path, monkeyp
                                                          ("5", "dense", "yes"), ("5", "deferred", "yes")]
     text = results.read_text()
     assert bench.BUCKET_SECTION in text and "native table" in text and "keep vllm" in text
+
+
+def test_kernel_seconds_splits_gemms_from_attention():
+    """The GEMM floor counts GEMM operators and attention kernels apart, and nothing else."""
+    bench = _load()
+    a, q = torch.randn(64, 64), torch.randn(2, 2, 8, 16)
+    gemm, attention = bench.kernel_seconds(lambda: [a @ a for _ in range(4)])
+    assert gemm > 0 and attention == 0
+    gemm, attention = bench.kernel_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert attention > 0
+    assert bench.kernel_seconds(lambda: [a + a for _ in range(4)]) == (0, 0)
+    floor = bench.gemm_floor(lambda: a @ a, lambda: [a @ a for _ in range(8)], 0.5, 2.0)["floor"]
+    assert floor["gemm_bound"] == 2.0 / floor["dense_gemm"]
+    assert floor["kernel_bound"] == 2.0 / (floor["dense_gemm"] + floor["dense_attn"]) and floor["dense_attn"] == 0
+
+
+def test_gemm_floor_mode_writes_its_bound(tmp_path, monkeypatch, capsys):
+    """``--gemm-floor`` at the smallest shapes: the bound is generate()'s time over dense's GEMM time, written
+    to its own subsection."""
+    bench = _load()
+    results = tmp_path / "RESULTS.md"
+    results.write_text(_results(bench, "native table"))
+    monkeypatch.setattr(bench, "__file__", str(tmp_path / "rollout.py"))
+    bench.main(["--gemm-floor", "--batch-sizes", "2", "--new-tokens", "3", "--prompt-len", "4", "--hidden", "32",
+                "--layers", "1", "--vocab", "64", "--repeats", "1", "--temperature", "1.0", "--write"])
+    out = capsys.readouterr().out
+    row = re.search(r"^\| 2 \| ([\d.]+) \| ([\d.]+) \| [\d.]+× \| ([\d.]+) \(\d+%\) \| [\d.]+ \(\d+%\) \| [\d.]+ "
+                    r"\| \*\*([\d.]+)×\*\* \| ([\d.]+)× \|$", out, re.M)
+    assert row, out
+    text = results.read_text()
+    assert bench.FLOOR_SECTION in text and "native table" in text and "keep vllm" in text
+    assert "*GEMM bound*" in text
