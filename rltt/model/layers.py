@@ -191,12 +191,14 @@ class FusedWeights:
             self.refresh(linears, key)
         return self.weight, self.bias
 
-    @torch.no_grad()
     def refresh(self, linears, key: tuple | None = None) -> None:
-        """Copy the sources now (into the existing buffers when their shapes allow: their addresses stay)."""
-        self.weight = self._cat([lin.weight for lin in linears], self.weight)
-        biases = [lin.bias for lin in linears]
-        self.bias = None if biases[0] is None else self._cat(biases, self.bias)
+        """Copy the sources now (into the existing buffers when their shapes allow: their addresses stay).
+        The copies are normal tensors even when made in inference mode (a rollout pass): a later refresh
+        outside it writes them in place."""
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = self._cat([lin.weight for lin in linears], self.weight)
+            biases = [lin.bias for lin in linears]
+            self.bias = None if biases[0] is None else self._cat(biases, self.bias)
         self.sources = [t.detach() for lin in linears for t in (lin.weight, lin.bias) if t is not None]
         self.key = self._key(linears) if key is None else key
 
