@@ -108,8 +108,8 @@ class PassExecutor:
         Its attention runs without SDPA's cuDNN backend (`without_cudnn_attention`).
 
         The pass runs in inference mode: the same arithmetic as under ``no_grad``, with less host
-        work per operator (no version counters or autograd metadata on the tensors it makes; on CPU
-        a quickstart rollout ran 7 % faster, bench/RESULTS.md). What it makes is therefore an
+        work per operator (no version counters or autograd metadata on the tensors it makes; a
+        quickstart rollout on CPU took 0.93× the time, bench/RESULTS.md). What it makes is therefore an
         inference tensor: read outside (``h``, ``gates``), written in place only by passes; the
         executor's state (cache, carries, gates, tokens) is made outside and stays a normal tensor."""
         with without_cudnn_attention():
