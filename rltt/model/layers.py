@@ -124,27 +124,32 @@ FUSION_CHECK_ROWS = (*range(1, 33), 47, 48, 63, 64, 65, 96, 127, 128, 129, 191, 
 _FUSION_EXACT: dict[tuple, bool] = {}
 
 
-@torch.no_grad()
 def fusion_is_exact(in_features: int, outs: tuple[int, ...], bias: bool, dtype: torch.dtype) -> bool:
     """Whether one GEMM over weights concatenated along the output axis gives each output the same
     bits as the separate GEMMs, on this CPU, at every row count of `FUSION_CHECK_ROWS` — measured
     once per shape, dtype and thread count (kernel choice depends on shapes, not values). It holds
     on many machines (each output is the same dot product) but not on all: on an AVX-512/AMX CPU a
-    bf16 GEMM of 896 → 1152 columns over 300 rows differs from 896 → 896 + 128 + 128."""
+    bf16 GEMM of 896 → 1152 columns over 300 rows differs from 896 → 896 + 128 + 128. Every decode
+    pass asks, so the answer is looked up without entering a grad mode (that costs more than the
+    lookup)."""
     key = (in_features, outs, bias, dtype, torch.get_num_threads())
     exact = _FUSION_EXACT.get(key)
     if exact is None:
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(max(FUSION_CHECK_ROWS), 1, in_features, generator=gen).to(dtype)
-        weights = [(torch.randn(o, in_features, generator=gen) * in_features ** -0.5).to(dtype) for o in outs]
-        biases = [torch.randn(o, generator=gen).to(dtype) if bias else None for o in outs]
-        fused_w, fused_b = torch.cat(weights), torch.cat(biases) if bias else None
-        exact = all(
-            all(torch.equal(a, b) for a, b in zip(F.linear(x[:n], fused_w, fused_b).split(list(outs), -1),
-                                                  (F.linear(x[:n], w, b) for w, b in zip(weights, biases))))
-            for n in FUSION_CHECK_ROWS)
-        _FUSION_EXACT[key] = exact
+        exact = _FUSION_EXACT[key] = _measure_fusion(in_features, outs, bias, dtype)
     return exact
+
+
+@torch.no_grad()
+def _measure_fusion(in_features: int, outs: tuple[int, ...], bias: bool, dtype: torch.dtype) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(max(FUSION_CHECK_ROWS), 1, in_features, generator=gen).to(dtype)
+    weights = [(torch.randn(o, in_features, generator=gen) * in_features ** -0.5).to(dtype) for o in outs]
+    biases = [torch.randn(o, generator=gen).to(dtype) if bias else None for o in outs]
+    fused_w, fused_b = torch.cat(weights), torch.cat(biases) if bias else None
+    return all(
+        all(torch.equal(a, b) for a, b in zip(F.linear(x[:n], fused_w, fused_b).split(list(outs), -1),
+                                              (F.linear(x[:n], w, b) for w, b in zip(weights, biases))))
+        for n in FUSION_CHECK_ROWS)
 
 
 class FusedWeights:
