@@ -13,7 +13,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.completions import CompletedRow
+from rltt.rollout.rows import Row
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.host_work import end_passes, host_list, mark_pass
 from rltt.rollout.kv_cache import upload
@@ -43,11 +43,10 @@ def check_prompts(prompts, vocab_size: int, max_positions: int) -> list[list[int
 
 @dataclass
 class _ChunkRun:
-    """A chunk's rows, the (T, k) gates of each row's k completion tokens, its pass record (rows
-    numbered from 0) and its `RolloutStats`."""
+    """A chunk's rows (`Row`, with the gates of each row's completion tokens), its pass record
+    (rows numbered from 0) and its `RolloutStats`."""
 
-    rows: list[CompletedRow]
-    gates: list[torch.Tensor]
+    rows: list[Row]
     schedule: Schedule
     stats: RolloutStats
 
@@ -119,7 +118,7 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
     thinking = params.thinking
     max_positions = cfg.max_position_embeddings  # read once: a config attribute costs a lookup chain
 
-    out = [CompletedRow() for _ in range(num_rows)]
+    out = [Row() for _ in range(num_rows)]
     cap = list(cap)  # each row's completion cap (a thinking budget's rule changes it)
     schedule = Schedule(params.schedule, replayable=True, attention=executor.attention)
     schedule.passes.extend(passes)
@@ -180,10 +179,11 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
                     token = int(token)
                     row = out[r]
                     row.add(token, steps[i], lp, lp_t, int(floor))
-                    reason = "stop" if token in stops or params.stop_string_in(row.tokens) else None
-                    if reason is None and thinking is not None and len(row.tokens) == thinking.budget:
+                    reason = "stop" if token in stops or (params.stop_strings and params.stop_string_in(row.ids)) \
+                        else None
+                    if reason is None and thinking is not None and len(row) == thinking.budget:
                         # the forced-answer rule; the next sampled token needs a position < max_positions
-                        then = thinking.at_budget(row.tokens, params.max_new_tokens, max_positions - position)
+                        then = thinking.at_budget(row.ids, params.max_new_tokens, max_positions - position)
                         if then is None:
                             reason = "length"
                         else:
@@ -195,7 +195,7 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
                                 count[r] += len(ids)
                                 sched.force(r, len(ids))
                                 position += len(ids)
-                    if reason is None and (len(row.tokens) >= cap[r]
+                    if reason is None and (len(row) >= cap[r]
                                            or position >= max_positions):
                         reason = "length"  # the next token would need a position the model does not have
                     if reason:
@@ -215,13 +215,14 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
     state.counted = list(sched.row_passes)
     stats = RolloutStats(
         passes=len(schedule.passes), row_passes=torch.tensor(row_passes), entries_computed=entries,
-        entries_pending=sched.pending(), tokens=sum(len(row.tokens) for row in out),
+        entries_pending=sched.pending(), tokens=sum(len(row) for row in out),
     )
     # completion token 0 came from position `starts` (P - 1 in a first call); copied out, so the executor can go
     all_gates = executor.gates.cpu()  # one read
     starts = state.starts
-    gates = [all_gates[:, r, starts[r]: starts[r] + len(row.tokens)].clone() for r, row in enumerate(out)]
-    return _ChunkRun(out, gates, schedule, stats)
+    for r, row in enumerate(out):
+        row.add_gates(all_gates[:, r, starts[r]: starts[r] + len(row)])
+    return _ChunkRun(out, schedule, stats)
 
 
 class _Deferred:
@@ -238,7 +239,7 @@ class _Deferred:
         self.steps += steps
         self.values.append(values)
 
-    def fill(self, out: list[CompletedRow]) -> None:
+    def fill(self, out: list[Row]) -> None:
         if not self.values:
             return
         tokens, raw, tempered, floors = torch.cat(self.values, dim=1).tolist()

@@ -36,7 +36,7 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.rollout.buckets import attach
-from rltt.rollout.completions import completion_batch
+from rltt.rollout.rows import rows_batch
 from rltt.rollout.chunk_decode import ChunkState, check_prompts, decode_chunk, open_chunk
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, Schedule
@@ -113,7 +113,7 @@ class ContinuedTurns(TurnSession):
         run = decode_chunk(self.state, params, self.stops, [params.max_new_tokens] * self.num_rows, prefill)
         self.passes += run.schedule.passes
         index = [i for i in range(len(self.prompts)) for _ in range(params.n)]
-        self.held = [list(self.prompts[i]) + run.rows[r].tokens for r, i in enumerate(index)]
+        self.held = [list(self.prompts[i]) + run.rows[r].ids for r, i in enumerate(index)]
         return self._batch(self.prompts, index, list(range(self.num_rows)), run, params, True, start)
 
     @torch.no_grad()
@@ -163,7 +163,7 @@ class ContinuedTurns(TurnSession):
         run = decode_chunk(state, params, self.stops, cap)
         self.passes += run.schedule.passes
         for r in rows:
-            self.held[r] += run.rows[r].tokens
+            self.held[r] += run.rows[r].ids
         return self._batch(sequences, list(range(len(rows))), list(rows), run, params, False, start)
 
     def _open(self) -> ChunkState:
@@ -180,12 +180,11 @@ class ContinuedTurns(TurnSession):
         if len(rows) != self.num_rows:
             stats = replace(stats, row_passes=stats.row_passes[torch.tensor(rows, dtype=torch.long)])
         cfg = self.model.config
-        batch = completion_batch(prompts, prompt_index, [run.rows[r] for r in rows],
-                                 schedule=Schedule(params.schedule, list(run.schedule.passes), replayable=replayable,
-                                                   attention=self.attention),
-                                 params=params, stats=stats, num_loops=cfg.num_loops,
-                                 dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0,
-                                 gates=lambda i, k: run.gates[rows[i]])
+        batch = rows_batch(prompts, prompt_index, [run.rows[r] for r in rows],
+                           schedule=Schedule(params.schedule, list(run.schedule.passes), replayable=replayable,
+                                             attention=self.attention),
+                           params=params, stats=stats, num_loops=cfg.num_loops,
+                           dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
         stats.wall_time = time.perf_counter() - start
         return batch
 

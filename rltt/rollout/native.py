@@ -27,7 +27,7 @@ from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.attention import resolve_attention
 from rltt.rollout.buckets import attach, pass_buckets
 from rltt.rollout.chunk_decode import check_prompts, run_chunk
-from rltt.rollout.completions import CompletedRow, completion_batch
+from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.continuation import native_turns
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
@@ -119,23 +119,20 @@ class NativeEngine(RolloutEngine):
         random = RowRandom(seed, self.model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
         stops = stop_token_set(params, cfg)
 
-        rows: list[CompletedRow] = []
-        gates: list[torch.Tensor] = []  # (T, k) per row: the gates of its k completion tokens
+        rows: list[Row] = []
         schedules, stats, sizes = [], [], []
         for first, end in self.chunks(len(prompts), n):  # each chunk's executor is freed when it returns
             chunk = run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
                                stops, self.attention)
             rows += chunk.rows
-            gates += chunk.gates
             schedules.append(chunk.schedule)
             stats.append(chunk.stats)
             sizes.append(len(chunk.rows))
 
         prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
         run_stats = stats[0] if len(stats) == 1 else RolloutStats.join(stats, serial=True, wall_time=0.0)
-        batch = completion_batch(prompts, prompt_index, rows, schedule=join_schedules(schedules, sizes),
-                                 params=replace(params, seed=seed), stats=run_stats, num_loops=T,
-                                 dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0,
-                                 gates=lambda r, k: gates[r])
+        batch = rows_batch(prompts, prompt_index, rows, schedule=join_schedules(schedules, sizes),
+                           params=replace(params, seed=seed), stats=run_stats, num_loops=T,
+                           dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
         run_stats.wall_time = time.perf_counter() - start_time
         return batch

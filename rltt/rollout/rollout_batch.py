@@ -229,6 +229,47 @@ class RolloutStats:
         return float(self.row_passes.sum()) / self.tokens
 
 
+@dataclass(frozen=True)
+class TokenField:
+    """One per-token field of a rollout: a `RolloutBatch` attribute of shape (R, C) — (T, R, C) with
+    ``loops`` — and how every row record (`rltt.rollout.rows.Row`) holds and pads it.
+
+    ``code``: the `array` typecode a row keeps it in (``q`` int64, ``f`` fp32, ``B`` bool), so a
+    row's host bytes per token are the batch's; ``pad``: the value on padding (None: the batch's
+    ``pad_id``); ``unsampled``: the value on a token the policy did not sample (forced by a thinking
+    budget, or written by the environment); ``loops``: one value per loop step (the gates);
+    ``optional``: the batch holds None when no row recorded it (a one-version rollout has no
+    ``versions``); ``derived``: a row may leave it unknown (NaN) and the batch computes it from the
+    other fields (the exit log-prob from the gates, `RolloutBatch.__post_init__`)."""
+
+    name: str
+    code: str
+    dtype: torch.dtype
+    pad: float | int | bool | None
+    unsampled: float | int | bool | None
+    loops: bool = False
+    optional: bool = False
+    derived: bool = False
+
+
+#: Every per-token field of a rollout, in `RolloutBatch`'s order. Adding a per-token field is one
+#: entry here and its `RolloutBatch` attribute: every row record, the batch builder
+#: (`rltt.rollout.rows.rows_batch`), the join (`join_batches`), a partial rollout's buffer and its
+#: checkpoint form, and the memory plan's count of that buffer follow this table.
+TOKEN_FIELDS: tuple[TokenField, ...] = (
+    TokenField("completion_ids", "q", torch.long, None, None),
+    TokenField("exit_steps", "q", torch.long, 0, 0),
+    TokenField("logprobs", "f", torch.float32, 0.0, 0.0),
+    TokenField("tempered_logprobs", "f", torch.float32, 0.0, 0.0),
+    TokenField("gate_probs", "f", torch.float32, float("nan"), float("nan"), loops=True),
+    TokenField("forced_mask", "B", torch.bool, False, False),
+    TokenField("kept_floor", "q", torch.long, -1, -1),
+    TokenField("exit_logprobs", "f", torch.float32, 0.0, 0.0, derived=True),
+    TokenField("env_mask", "B", torch.bool, False, False),
+    TokenField("versions", "q", torch.long, -1, -1, optional=True),
+)
+
+
 @dataclass
 class RolloutBatch:
     """Completions of one `generate` call with everything needed to replay them exactly.

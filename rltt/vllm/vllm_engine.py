@@ -60,7 +60,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -69,7 +69,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.model_source import ModelSource
-from rltt.rollout.completions import CompletedRow, completion_batch
+from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
@@ -495,9 +495,9 @@ class VllmEngine(RolloutEngine):
 
         thinking = params.thinking
         first_cap = params.max_new_tokens if thinking is None else thinking.budget
-        rows = [_Row() for _ in range(num_rows)]
+        rows = [Row() for _ in range(num_rows)]
         for r, seg in enumerate(run([(r, prompts[i], [], first_cap) for r, i in enumerate(prompt_index)])):
-            rows[r].append(seg)
+            _append(rows[r], seg)
         if thinking is not None:
             # the second segment: rows that reached the budget without stopping go on, forced
             # (thinking still open: the interruption, then answer_budget tokens) or not (closed in
@@ -505,22 +505,22 @@ class VllmEngine(RolloutEngine):
             more = []
             for r, i in enumerate(prompt_index):
                 row = rows[r]
-                if row.finish == "stop" or len(row.tokens) < thinking.budget:
+                if row.finish == "stop" or len(row) < thinking.budget:
                     continue
                 # the forced-answer rule; a request's prompt and output fit max_model_len together
-                then = thinking.at_budget(row.tokens, params.max_new_tokens,
-                                          self.max_model_len - len(prompts[i]) - len(row.tokens))
+                then = thinking.at_budget(row.ids, params.max_new_tokens,
+                                          self.max_model_len - len(prompts[i]) - len(row))
                 if then is None:
                     continue  # no room for the interruption and an answer: "length"
                 ids, total = then
                 if ids:
-                    row.force(ids)
-                cap = total - len(row.tokens)
-                if cap > 0 and len(prompts[i]) + len(row.tokens) < self.max_model_len:
-                    more.append((r, prompts[i], row.tokens, cap))
+                    _force(row, ids, self.num_loops)
+                cap = total - len(row)
+                if cap > 0 and len(prompts[i]) + len(row) < self.max_model_len:
+                    more.append((r, prompts[i], row.ids, cap))
             for (r, *_), seg in zip(more, run(more)):
-                rows[r].append(seg)
-        stats = RolloutStats(tokens=sum(len(row.tokens) for row in rows))
+                _append(rows[r], seg)
+        stats = RolloutStats(tokens=sum(len(row) for row in rows))
         stats.entries_computed = run.entries * self.num_loops
         batch = self._to_batch(prompts, prompt_index, rows, replace(params, seed=seed), stats)
         stats.wall_time = time.perf_counter() - start_time
@@ -532,15 +532,14 @@ class VllmEngine(RolloutEngine):
             merged.update(part)  # under tensor parallelism every worker records the same rows
         return merged
 
-    def _to_batch(self, prompts, prompt_index, rows: list["_Row"], params, stats) -> RolloutBatch:
+    def _to_batch(self, prompts, prompt_index, rows: list[Row], params, stats) -> RolloutBatch:
         T = self.num_loops
-        lengths = torch.tensor([len(row.tokens) for row in rows])
+        lengths = torch.tensor([len(row) for row in rows])
         stats.row_passes = lengths * T
         stats.passes = int(lengths.max()) * T if rows else 0
-        return completion_batch(
+        return rows_batch(
             prompts, prompt_index, rows, schedule=Schedule("vllm", replayable=False), params=params, stats=stats,
-            num_loops=T, dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0,
-            gates=lambda r, n: torch.tensor(rows[r].gates, dtype=torch.float32).T)
+            num_loops=T, dtype=self.llm.llm_engine.model_config.dtype, pad_id=self.config.pad_token_id or 0)
 
 
 class _Segment:
@@ -552,24 +551,18 @@ class _Segment:
         self.exits, self.raw, self.tempered, self.gates = (rec[k][:n] for k in ("exits", "raw", "tempered", "gates"))
 
 
-@dataclass
-class _Row(CompletedRow):
-    """A completion row stitched from its segments and forced tokens, with each token's gates
-    (vLLM's record is per token; a forced token's are NaN: vLLM runs it as a prompt position of
-    the next request)."""
+def _append(row: Row, seg: _Segment) -> None:
+    """Continue ``row`` with a request's segment (vLLM's record is per token, gates included); its
+    finish reason is the row's."""
+    row.extend(seg.tokens, seg.exits, seg.raw, seg.tempered)
+    row.add_gates(seg.gates)
+    row.finish = seg.finish
 
-    gates: list[list[float]] = field(default_factory=list)
 
-    def append(self, seg: _Segment) -> None:
-        """Continue the row with a request's segment; its finish reason is the row's."""
-        self.extend(seg.tokens, seg.exits, seg.raw, seg.tempered)
-        self.gates += seg.gates
-        self.finish = seg.finish
-
-    def force(self, tokens: list[int]) -> None:
-        nan = [float("nan")] * len(self.gates[-1])
-        super().force(tokens)
-        self.gates += [nan] * len(tokens)
+def _force(row: Row, tokens: list[int], loops: int) -> None:
+    """Append forced tokens with NaN gates: vLLM runs them as prompt positions of the next request."""
+    row.force(tokens)
+    row.add_gates(torch.full((loops, len(tokens)), float("nan")))
 
 
 class _Segments:

@@ -1,5 +1,5 @@
-"""What both rollout engines share: completion rows into a `RolloutBatch` (padding, forced tokens,
-finish reasons, gates), the stop-token set, the prompt-seed check, the stop-string rule, and
+"""What both rollout engines share: the row record and rows into a `RolloutBatch` (padding, forced
+tokens, finish reasons, gates), the stop-token set, the prompt-seed check, the stop-string rule, and
 whether a batch's schedule can be replayed (`Schedule.replayable`, `RolloutEngine.replayable`)."""
 
 import pickle
@@ -13,7 +13,7 @@ from rltt.errors import RlttError
 from rltt.orchestration.ray import shards
 from rltt.rollout import (NativeEngine, PassRecord, RolloutBatch, RolloutEngine, RolloutStats, SamplingParams,
                           Schedule, replay_logprobs)
-from rltt.rollout.completions import CompletedRow, completion_batch
+from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.params import stop_token_set
 
 from .helpers import prompts, tiny_model
@@ -35,32 +35,36 @@ def assert_same_batch(got: RolloutBatch, want: RolloutBatch) -> None:
     assert got.schedule is want.schedule and got.params is want.params and got.stats is want.stats
 
 
-def three_rows() -> list[CompletedRow]:
-    """A stopped row, a forced row (sampled, interruption, sampled) and a row with no tokens."""
-    stopped = CompletedRow()
+def three_rows(gates=None) -> list[Row]:
+    """A stopped row, a forced row (sampled, interruption, sampled) and a row with no tokens;
+    ``gates(r, n)``: the (T, n) gates of row r's n tokens, added once its tokens are in."""
+    stopped = Row()
     for token, step, lp in ((4, 2, -0.5), (9, 1, -1.25), (3, 3, -0.125)):
         stopped.add(token, step, lp, lp / 2)
     stopped.finish = "stop"
-    forced = CompletedRow()
+    forced = Row()
     forced.add(5, 1, -2.0, -1.0)
     forced.force([7, 8])
     forced.extend([6], [2], [-0.75], [-0.375])
-    return [stopped, forced, CompletedRow()]
+    rows = [stopped, forced, Row()]
+    if gates is not None:
+        for r, row in enumerate(rows):
+            row.add_gates(gates(r, len(row)))
+    return rows
 
 
-def test_completion_batch_pads_rows_forced_tokens_and_finish_reasons():
-    rows = three_rows()
-    assert rows[1].tokens == [5, 7, 8, 6] and rows[1].forced == [1, 2]
-    assert rows[1].exits == [1, 0, 0, 2] and rows[1].raw == [-2.0, 0.0, 0.0, -0.75]
-    prompt_list = [[1, 2], [3, 4, 5]]
-    schedule, params, stats = Schedule("dense"), SamplingParams(seed=3), RolloutStats(tokens=7)
-
+def test_rows_batch_pads_rows_forced_tokens_and_finish_reasons():
     def gates(r, n):  # row r's (T=2, n) gates: 10r + token index at step 1, negated at step 2
         values = torch.arange(n, dtype=torch.float32) + 10 * r
         return torch.stack([values, -values])
 
-    got = completion_batch(prompt_list, [0, 1, 1], rows, schedule=schedule, params=params, stats=stats,
-                           num_loops=2, dtype=torch.bfloat16, pad_id=60, gates=gates)
+    rows = three_rows(gates)
+    assert rows[1].ids == [5, 7, 8, 6] and rows[1].column("forced_mask") == [0, 1, 1, 0]
+    assert rows[1].column("exit_steps") == [1, 0, 0, 2] and rows[1].column("logprobs") == [-2.0, 0.0, 0.0, -0.75]
+    prompt_list = [[1, 2], [3, 4, 5]]
+    schedule, params, stats = Schedule("dense"), SamplingParams(seed=3), RolloutStats(tokens=7)
+    got = rows_batch(prompt_list, [0, 1, 1], rows, schedule=schedule, params=params, stats=stats,
+                     num_loops=2, dtype=torch.bfloat16, pad_id=60)
     lengths = torch.tensor([3, 4, 0])
     want = RolloutBatch(
         prompts=prompt_list, prompt_index=torch.tensor([0, 1, 1]), prompt_lengths=torch.tensor([2, 3, 3]),
@@ -80,16 +84,16 @@ def test_completion_batch_pads_rows_forced_tokens_and_finish_reasons():
     assert got.action_mask.sum() == 5  # the forced interruption is no action
 
 
-def test_completion_batch_without_tokens_or_gates():
-    """At least one column even when no row has a token; no ``gates``: all NaN."""
-    got = completion_batch([[1]], [0, 0], [CompletedRow(), CompletedRow()], schedule=Schedule("vllm"),
-                           params=SamplingParams(), stats=RolloutStats(), num_loops=3, dtype=torch.float32,
-                           pad_id=0)
+def test_rows_batch_without_tokens_or_gates():
+    """At least one column even when no row has a token; no gates: all NaN."""
+    got = rows_batch([[1]], [0, 0], [Row(), Row()], schedule=Schedule("vllm"),
+                     params=SamplingParams(), stats=RolloutStats(), num_loops=3, dtype=torch.float32,
+                     pad_id=0)
     assert got.completion_ids.shape == (2, 1) and not got.completion_mask.any()
     assert got.gate_probs.shape == (3, 2, 1) and got.gate_probs.isnan().all()
     rows = three_rows()[:1]
-    got = completion_batch([[1]], [0], rows, schedule=Schedule("vllm"), params=SamplingParams(),
-                           stats=RolloutStats(), num_loops=3, dtype=torch.float32, pad_id=0)
+    got = rows_batch([[1]], [0], rows, schedule=Schedule("vllm"), params=SamplingParams(),
+                     stats=RolloutStats(), num_loops=3, dtype=torch.float32, pad_id=0)
     assert got.gate_probs.isnan().all() and got.completion(0) == [4, 9, 3]
 
 
@@ -171,18 +175,18 @@ def test_a_native_batch_is_replayable_and_stays_so_through_pickle_and_merge():
 def test_a_vllm_batch_is_not_replayable():
     """`VllmEngine._to_batch` on a stand-in engine (no vLLM started): rows stitched from segments
     with a forced interruption (NaN gates), a schedule that refuses replay, also once merged."""
-    from rltt.vllm.vllm_engine import VllmEngine, _Row, _Segment
+    from rltt.vllm.vllm_engine import VllmEngine, _append, _force, _Segment
 
     assert VllmEngine.replayable is False
     engine = object.__new__(VllmEngine)
     engine.num_loops, engine.config = 2, SimpleNamespace(pad_token_id=None)
     engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32)))
     record = {"exits": [1, 2], "raw": [-1.0, -2.0], "tempered": [-0.5, -1.0], "gates": [[0.25, 0.5], [0.75, 1.0]]}
-    first, second = _Row(), _Row()
-    first.append(_Segment([4, 6], record, "length"))
-    first.force([9])
-    first.append(_Segment([5], record, "stop"))
-    second.append(_Segment([8], record, "length"))
+    first, second = Row(), Row()
+    _append(first, _Segment([4, 6], record, "length"))
+    _force(first, [9], engine.num_loops)
+    _append(first, _Segment([5], record, "stop"))
+    _append(second, _Segment([8], record, "length"))
     batch = engine._to_batch([[1, 2], [3]], [0, 1], [first, second], SamplingParams(seed=1), RolloutStats())
     assert batch.completion_ids.tolist() == [[4, 6, 9, 5], [8, 0, 0, 0]]
     assert batch.forced_mask.tolist() == [[False, False, True, False], [False] * 4]
