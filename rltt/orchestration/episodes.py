@@ -52,6 +52,7 @@ from rltt.environments.env_pool import InProcessEnv
 from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
 from rltt.rollout.rollout_batch import RolloutStats, Schedule, join_schedules
+from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.turns import TurnSession
 
 __all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode", "turn_seed"]
@@ -78,46 +79,15 @@ class TurnRecord:
 
 
 @dataclass
-class _Episode:
-    """One episode while it runs: its completion so far, token by token."""
+class _Episode(Row):
+    """One episode while it runs: its completion so far (the row record: each model turn taken from
+    its engine call's batch, the environment's answers marked), its turns' text and its counts."""
 
-    ids: list[int] = field(default_factory=list)
-    exits: list[int] = field(default_factory=list)
-    raw: list[float] = field(default_factory=list)
-    tempered: list[float] = field(default_factory=list)
-    floors: list[int] = field(default_factory=list)
-    exit_lp: list[float] = field(default_factory=list)
-    forced: list[bool] = field(default_factory=list)
-    env: list[bool] = field(default_factory=list)
-    gates: list[torch.Tensor] = field(default_factory=list)  # (T, k) per piece
     turns: list[str] = field(default_factory=list)
     tool_calls: int = 0
     tool_errors: int = 0
     truncated: bool = False
     error: str | None = None
-
-    def add_model(self, batch: RolloutBatch, i: int, keep: int) -> None:
-        self.ids += batch.completion_ids[i, :keep].tolist()
-        self.exits += batch.exit_steps[i, :keep].tolist()
-        self.raw += batch.logprobs[i, :keep].tolist()  # fp32 -> float -> fp32 is exact
-        self.tempered += batch.tempered_logprobs[i, :keep].tolist()
-        self.floors += batch.kept_floor[i, :keep].tolist()
-        self.exit_lp += batch.exit_logprobs[i, :keep].tolist()
-        self.forced += batch.forced_mask[i, :keep].tolist()
-        self.env += [False] * keep
-        self.gates.append(batch.gate_probs[:, i, :keep].float())
-
-    def add_env(self, ids: Sequence[int], num_loops: int) -> None:
-        k = len(ids)
-        self.ids += list(ids)
-        self.exits += [0] * k
-        self.raw += [0.0] * k
-        self.tempered += [0.0] * k
-        self.floors += [-1] * k
-        self.exit_lp += [0.0] * k
-        self.forced += [False] * k
-        self.env += [True] * k
-        self.gates.append(torch.full((num_loops, k), float("nan")))
 
 
 @dataclass
@@ -213,14 +183,14 @@ def _session_episodes(session: TurnSession, prompts: list[list[int]], base: Samp
     calls.append((first, list(range(offset, offset + R))))
     batch, rows = first, list(range(R))
     for turn in range(1, max_turns + 1):
-        record = TurnRecord(batch, [offset + r for r in rows], [len(episodes[r].ids) for r in rows], [])
+        record = TurnRecord(batch, [offset + r for r in rows], [len(episodes[r]) for r in rows], [])
         going, asked = [], []
         for i, r in enumerate(rows):
             ep = episodes[r]
             sampled = int(batch.completion_lengths[i])
-            keep = min(sampled, max_tokens - len(ep.ids))
+            keep = min(sampled, max_tokens - len(ep))
             record.kept.append(keep)
-            ep.add_model(batch, i, keep)
+            ep.take(batch, i, keep)
             text = decode(batch.completion_ids[i, :keep].tolist())
             ep.turns.append(text)
             if ep.error is not None:
@@ -240,7 +210,7 @@ def _session_episodes(session: TurnSession, prompts: list[list[int]], base: Samp
             ep.tool_calls += int(reply.tool_call)
             ep.tool_errors += int(reply.tool_error)
             answer = list(encode(reply.text))
-            if turn == max_turns or len(ep.ids) + len(answer) >= max_tokens:
+            if turn == max_turns or len(ep) + len(answer) >= max_tokens:
                 ep.truncated = True  # no turn left to read the answer, or no room for it and one more token
                 continue
             ep.add_env(answer, T)
@@ -251,7 +221,7 @@ def _session_episodes(session: TurnSession, prompts: list[list[int]], base: Samp
             break
         # each row's budget left; one call samples up to the longest (an engine that re-submits drops
         # a row's tokens past its own budget above, one that continues rows stops each at its own)
-        caps = [min(base.max_new_tokens, max_tokens - len(episodes[r].ids)) for r in going]
+        caps = [min(base.max_new_tokens, max_tokens - len(episodes[r])) for r in going]
         call = replace(base, n=1, seed=None, max_new_tokens=max(caps),
                        prompt_seeds=[turn_seed(*keys[r], turn + 1) for r in going])
         batch = session.next(going, [list(prompts[r // n]) + episodes[r].ids for r in going], caps, call)
@@ -263,31 +233,7 @@ def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[i
                      params: SamplingParams, prompts: list[list[int]], schedule: Schedule | None) -> RolloutBatch:
     """The episodes as one `RolloutBatch` (completion = every turn and answer in order); ``schedule``:
     the pass record of every turn when the engine kept one (continued rows), else none (not replayable)."""
-    R, T = len(episodes), first.num_loops
-    width = max(1, max(len(ep.ids) for ep in episodes))
-    ids = torch.full((R, width), first.pad_id, dtype=torch.long)
-    exits = torch.zeros((R, width), dtype=torch.long)
-    raw = torch.zeros((R, width), dtype=torch.float32)
-    tempered = torch.zeros((R, width), dtype=torch.float32)
-    floors = torch.full((R, width), -1, dtype=torch.long)
-    exit_lp = torch.zeros((R, width), dtype=torch.float32)
-    forced = torch.zeros((R, width), dtype=torch.bool)
-    env = torch.zeros((R, width), dtype=torch.bool)
-    gates = torch.full((T, R, width), float("nan"))
-    for r, ep in enumerate(episodes):
-        k = len(ep.ids)
-        if not k:
-            continue
-        ids[r, :k] = torch.tensor(ep.ids)
-        exits[r, :k] = torch.tensor(ep.exits)
-        raw[r, :k] = torch.tensor(ep.raw, dtype=torch.float32)
-        tempered[r, :k] = torch.tensor(ep.tempered, dtype=torch.float32)
-        floors[r, :k] = torch.tensor(ep.floors)
-        exit_lp[r, :k] = torch.tensor(ep.exit_lp, dtype=torch.float32)
-        forced[r, :k] = torch.tensor(ep.forced)
-        env[r, :k] = torch.tensor(ep.env)
-        gates[:, r, :k] = torch.cat(ep.gates, dim=1)
-    lengths = torch.tensor([len(ep.ids) for ep in episodes], dtype=torch.long)
+    R = len(episodes)
     row_passes = None
     if all(c.stats.row_passes is not None for c, _ in calls):  # a row's serial passes: every call it was in
         row_passes = torch.zeros(R, dtype=first.stats.row_passes.dtype)
@@ -298,16 +244,11 @@ def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[i
                          entries_computed=sum(s.entries_computed for s in done),
                          entries_pending=sum(s.entries_pending for s in done),
                          tokens=sum(s.tokens for s in done), wall_time=sum(s.wall_time for s in done))
-    n = params.n
-    return RolloutBatch(
-        prompts=prompts, prompt_index=torch.arange(R, dtype=torch.long) // n,
-        prompt_lengths=torch.tensor([len(prompts[r // n]) for r in range(R)], dtype=torch.long),
-        completion_ids=ids, completion_lengths=lengths, completion_mask=torch.arange(width)[None, :] < lengths[:, None],
-        exit_steps=exits, logprobs=raw, tempered_logprobs=tempered, gate_probs=gates,
-        finish_reasons=["length" if ep.truncated else "stop" for ep in episodes],
-        schedule=schedule or Schedule(first.schedule.kind, [], replayable=False), params=params, stats=stats,
-        num_loops=T, dtype=first.dtype, pad_id=first.pad_id, forced_mask=forced, kept_floor=floors,
-        exit_logprobs=exit_lp, env_mask=env)
+    for ep in episodes:
+        ep.finish = "length" if ep.truncated else "stop"
+    return rows_batch(prompts, [r // params.n for r in range(R)], episodes,
+                      schedule=schedule or Schedule(first.schedule.kind, [], replayable=False), params=params,
+                      stats=stats, num_loops=first.num_loops, dtype=first.dtype, pad_id=first.pad_id)
 
 
 def replay_episode(model, episodes: EpisodeBatch) -> ReplayLogprobs:

@@ -166,6 +166,44 @@ def join_schedules(parts: Sequence[Schedule], rows: Sequence[int]) -> Schedule:
                     attention=parts[0].attention)
 
 
+def _pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """``t`` right-padded with ``value`` to ``width`` along its last axis."""
+    if t.shape[-1] == width:
+        return t
+    return torch.cat([t, torch.full((*t.shape[:-1], width - t.shape[-1]), value, dtype=t.dtype)], dim=-1)
+
+
+def join_batches(parts: Sequence["RolloutBatch"], params: SamplingParams, stats: "RolloutStats") -> "RolloutBatch":
+    """One batch of batches sampled apart (a Ray pool's shards), their rows in order: every per-token
+    field (`TOKEN_FIELDS`) padded to the widest part and stacked, an optional one (``versions``) only
+    when every part recorded it; the schedules joined (`join_schedules`: replay runs each part on its
+    own rows). ``params``: the call's (with the seed the parts used); ``stats``: the joined work. One
+    part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    width = max(p.completion_ids.shape[1] for p in parts)
+    prompts, index = [], []
+    for p in parts:
+        index.append(p.prompt_index + len(prompts))
+        prompts.extend(p.prompts)
+    columns = {}
+    for f in TOKEN_FIELDS:
+        tensors = [getattr(p, f.name) for p in parts]
+        if any(t is None for t in tensors):
+            columns[f.name] = None
+            continue
+        pad = first.pad_id if f.pad is None else f.pad
+        columns[f.name] = torch.cat([_pad(t, width, pad) for t in tensors], dim=1 if f.loops else 0)
+    lengths = torch.cat([p.completion_lengths for p in parts])
+    return RolloutBatch(
+        prompts=prompts, prompt_index=torch.cat(index), prompt_lengths=torch.cat([p.prompt_lengths for p in parts]),
+        completion_lengths=lengths, completion_mask=torch.arange(width)[None, :] < lengths[:, None],
+        finish_reasons=[f for p in parts for f in p.finish_reasons],
+        schedule=join_schedules([p.schedule for p in parts], [p.num_rows for p in parts]), params=params,
+        stats=stats, num_loops=first.num_loops, dtype=first.dtype, pad_id=first.pad_id, **columns)
+
+
 def _packable(tensors: list[torch.Tensor]) -> bool:
     """Whether ``tensors`` concatenate along dim 0 and split back into equal tensors."""
     if not tensors:

@@ -68,11 +68,6 @@ class Row:
         return len(self.values["completion_ids"])
 
     @property
-    def tokens(self) -> array:
-        """The completion's token ids (an int64 array; `ids` for a list)."""
-        return self.values["completion_ids"]
-
-    @property
     def ids(self) -> list[int]:
         return self.values["completion_ids"].tolist()
 

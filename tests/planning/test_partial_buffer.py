@@ -1,6 +1,6 @@
 """The plan's host-memory line for a partial rollout's buffer (``orchestration.partial_rollouts``):
 `PartialBuffer` counts K · P groups of G rows of W tokens (``max_new_tokens``, or a thinking budget's
-forced completion when longer) at 45 + 4·T bytes a token;
+forced completion when longer) at 46 + 4·T bytes a token;
 a real `PartialStep` buffer whose rows all run to ``max_new_tokens`` holds exactly that many bytes
 (its checkpoint state's tensors), groups dropped as stale keep no rows, and `rltt plan` shows the line
 for a recipe with partial rollouts (and the K-deep pipeline's ``held_ahead`` line without)."""
@@ -43,7 +43,7 @@ def test_a_full_buffer_holds_the_planned_bytes():
     plan = PartialBuffer.from_recipe(r, LOOPS)
     assert len(step.done) == plan.groups == K * r.rollout.prompts_per_step
     assert all(len(row) == max_new for g in step.done for row in g.rows)
-    assert plan.per_token == token_bytes(LOOPS) == 45 + 4 * LOOPS
+    assert plan.per_token == token_bytes(LOOPS) == 46 + 4 * LOOPS
     assert tensor_bytes(step.state_dict()) == sum(row.nbytes() for g in step.done for row in g.rows) == plan.bytes
 
 
@@ -71,7 +71,7 @@ def test_the_plan_shows_the_partial_buffer_for_a_partial_rollout_recipe(tmp_path
     r = recipe(2, 4, max_new=48)
     plan = plan_run(r, TINY_LOOPED, 16 * 2**30, device="cpu")
     loops = TINY_LOOPED["num_loops"]
-    want = 2 * 2 * 2 * 48 * (45 + 4 * loops)  # K · P · G · max_new_tokens · per token
+    want = 2 * 2 * 2 * 48 * (46 + 4 * loops)  # K · P · G · max_new_tokens · per token
     assert plan.host == {"partial_buffer": want} == {"partial_buffer": PartialBuffer.from_recipe(r, loops).bytes}
     assert "partial rollouts in progress" in format_plan(plan) and plan.to_json()["host"] == plan.host
     thinking = r.rollout.thinking  # a forced completion longer than max_new_tokens is the rows' width

@@ -96,11 +96,11 @@ def test_greedy_rows_continued_in_segments_are_the_one_call_rows(engine):
         n = int(full.completion_lengths[j])
         assert row.ids == full.completion_ids[j, :n].tolist() and row.finish == full.finish_reasons[j]
         assert row.segments == max(1, -(-n // SEGMENT))
-        assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
+        assert torch.equal(row.tensor("exit_steps"), full.exit_steps[j, :n])
         for name in ("logprobs", "exit_logprobs"):  # one per sampled token: none of the re-submitted prefix
-            assert row.tokens[name].shape == (n,)
-            torch.testing.assert_close(row.tokens[name], getattr(full, name)[j, :n], rtol=0, atol=1e-4)
-        assert row.tokens["versions"].tolist() == [0] * n
+            assert row.tensor(name).shape == (n,)
+            torch.testing.assert_close(row.tensor(name), getattr(full, name)[j, :n], rtol=0, atol=1e-4)
+        assert row.tensor("versions").tolist() == [0] * n
 
 
 def test_each_segment_is_sampled_by_the_weights_of_its_version(engine):
@@ -119,8 +119,8 @@ def test_each_segment_is_sampled_by_the_weights_of_its_version(engine):
         for j, row in enumerate(g.rows):
             spanned += row.versions_spanned() > 1
             for s, a in enumerate(range(0, len(row), SEGMENT)):
-                version = int(row.tokens["versions"][a])
-                assert len(set(row.tokens["versions"][a:a + SEGMENT].tolist())) == 1
+                version = int(row.tensor("versions")[a])
+                assert len(set(row.tensor("versions")[a:a + SEGMENT].tolist())) == 1
                 native.load_weights(version, version_weights(model, version))
                 if s == 0:
                     out = native.generate([list(g.task.prompt_ids)],
@@ -133,8 +133,8 @@ def test_each_segment_is_sampled_by_the_weights_of_its_version(engine):
                     r = 0
                 n = min(SEGMENT, len(row) - a)
                 assert out.completion_ids[r, :n].tolist() == row.ids[a:a + n], (g.index, j, s, version)
-                assert torch.equal(out.exit_steps[r, :n], row.tokens["exit_steps"][a:a + n])
-                torch.testing.assert_close(out.logprobs[r, :n], row.tokens["logprobs"][a:a + n], rtol=0, atol=1e-4)
+                assert torch.equal(out.exit_steps[r, :n], row.tensor("exit_steps")[a:a + n])
+                torch.testing.assert_close(out.logprobs[r, :n], row.tensor("logprobs")[a:a + n], rtol=0, atol=1e-4)
                 later += version > 0
     assert later and spanned  # segments ran under published weights, rows spanned versions
     for version, batch in step.learner.batches:

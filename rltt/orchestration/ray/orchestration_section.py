@@ -124,7 +124,7 @@ def check_recipe(recipe) -> None:
 
 def partial_excludes(recipe) -> list[tuple[str, bool, str]]:
     """What a partial rollout cannot do yet: (recipe key, whether the recipe sets it, why). A thinking
-    budget it can (a row's tokens are counted across its segments, `partial_rows.Row.extend`), and
+    budget it can (a row's tokens are counted across its segments, `partial_rows.PartialRow.append_segment`), and
     the KL in the reward (measured when a batch is formed, between updates)."""
     r = recipe
     return [

@@ -37,7 +37,7 @@ from rltt.orchestration.groups import score_groups, score_rollout
 from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.ray import shards
 from rltt.orchestration.ray.overlap import idle_fraction
-from rltt.orchestration.ray.partial_rows import Group, Row, group_batch, segment_seed
+from rltt.orchestration.ray.partial_rows import Group, PartialRow, group_batch, segment_seed
 from rltt.orchestration.step import TrainingStep, rollout_metrics, rollout_seed
 from rltt.rollout import SamplingParams
 from rltt.telemetry import schema as m
@@ -74,7 +74,7 @@ class PartialStep(TrainingStep):
     def sampling_base(self, seeds: list[int], n: int, max_new_tokens: int) -> SamplingParams:
         """The run's sampling settings for ``seeds`` (one per prompt), ``n`` rows each, at most
         ``max_new_tokens`` — a segment's call: without the thinking budget, which the rows count
-        across their segments (`Row.extend`)."""
+        across their segments (`PartialRow.append_segment`)."""
         return sampling_params(self.recipe.rollout, self.stop_token_ids, self.decode, None,
                                seed=rollout_seed(self.recipe.seed, SEED_STEP, 0, -1), prompt_seeds=list(seeds),
                                n=n, max_new_tokens=max_new_tokens)
@@ -137,13 +137,13 @@ class PartialStep(TrainingStep):
             if rows and rows[0][1] is None:  # first segments: the group's n rows, prompt-major
                 for i, (g, _) in enumerate(rows):
                     g.first_version = version
-                    g.rows = [Row.empty(batch.num_loops) for _ in range(self.group_size)]
+                    g.rows = [PartialRow() for _ in range(self.group_size)]
                     for j, row in enumerate(g.rows):
-                        row.extend(batch, i * self.group_size + j, version, asked, base, self.thinking,
+                        row.append_segment(batch, i * self.group_size + j, version, asked, base, self.thinking,
                                    self._positions(g))
             else:
                 for r, (g, j) in enumerate(rows):
-                    g.rows[j].extend(batch, r, version, asked, base, self.thinking, self._positions(g))
+                    g.rows[j].append_segment(batch, r, version, asked, base, self.thinking, self._positions(g))
             self._kind, self._dtype, self._loops = batch.schedule.kind, batch.dtype, batch.num_loops
         for g in [g for g in self.flight if g.done]:
             self.flight.remove(g)

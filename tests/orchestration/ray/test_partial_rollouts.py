@@ -286,12 +286,12 @@ def test_a_greedy_row_continued_in_segments_is_the_one_call_row(native, runner):
         n = int(full.completion_lengths[j])
         assert row.ids == full.completion_ids[j, :n].tolist()
         assert row.segments == max(1, -(-n // 2))
-        assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
-        torch.testing.assert_close(row.tokens["logprobs"], full.logprobs[j, :n], rtol=0, atol=1e-5)
+        assert torch.equal(row.tensor("exit_steps"), full.exit_steps[j, :n])
+        torch.testing.assert_close(row.tensor("logprobs"), full.logprobs[j, :n], rtol=0, atol=1e-5)
 
 
 def test_a_stop_string_spanning_two_segments_ends_the_row_there():
-    from rltt.orchestration.ray.partial_rows import Row, token_bytes
+    from rltt.orchestration.ray.partial_rows import PartialRow, token_bytes
     from rltt.rollout import SamplingParams
 
     engine = FakeEngine()
@@ -301,13 +301,13 @@ def test_a_stop_string_spanning_two_segments_ends_the_row_there():
     a, b = first.completion(0), second.completion(0)
     for stop, length, finish in ((f"{a[-1]} {b[0]}", 5, "stop"), (f"{b[1]} {b[2]}", 7, "stop"), ("no such", 8, None)):
         params = SamplingParams(max_new_tokens=12, stop_strings=[stop], decoder=decode)
-        row = Row.empty(LOOPS)
-        row.extend(first, 0, 0, 4, params)
-        row.extend(second, 0, 1, 4, params)
+        row = PartialRow()
+        row.append_segment(first, 0, 0, 4, params)
+        row.append_segment(second, 0, 1, 4, params)
         assert (len(row), row.finish) == (length, finish), stop
-        assert row.ids == (a + b)[:length] and row.tokens["versions"].tolist() == [0] * 4 + [1] * (length - 4)
-        assert row.gates.shape == (LOOPS, length)
-        assert row.nbytes() == length * token_bytes(LOOPS) == length * (45 + 4 * LOOPS)
+        assert row.ids == (a + b)[:length] and row.tensor("versions").tolist() == [0] * 4 + [1] * (length - 4)
+        assert row.tensor("gate_probs").shape == (length, LOOPS)
+        assert row.nbytes() == length * token_bytes(LOOPS) == length * (46 + 4 * LOOPS)
 
 
 def test_a_thinking_budget_is_counted_across_a_rows_segments(native, runner):
@@ -324,11 +324,11 @@ def test_a_thinking_budget_is_counted_across_a_rows_segments(native, runner):
     for j, row in enumerate(rows):
         n = int(full.completion_lengths[j])
         assert row.ids == full.completion_ids[j, :n].tolist() and row.finish == full.finish_reasons[j]
-        assert torch.equal(row.tokens["forced_mask"], full.forced_mask[j, :n])
+        assert torch.equal(row.tensor("forced_mask"), full.forced_mask[j, :n])
         assert row.segments == 3  # 3 + 1 thinking tokens, then the forced ids and 3 answer tokens
-        assert torch.equal(row.tokens["exit_steps"], full.exit_steps[j, :n])
-        torch.testing.assert_close(row.tokens["logprobs"], full.logprobs[j, :n], rtol=0, atol=1e-5)
-        assert bool(row.gates[:, row.tokens["forced_mask"]].isnan().all())
+        assert torch.equal(row.tensor("exit_steps"), full.exit_steps[j, :n])
+        torch.testing.assert_close(row.tensor("logprobs"), full.logprobs[j, :n], rtol=0, atol=1e-5)
+        assert bool(row.tensor("gate_probs")[row.tensor("forced_mask")].isnan().all())
     from rltt.orchestration.ray.partial_rows import group_batch
 
     batch = group_batch(groups[0], replace(full.params, thinking=thinking), full.num_loops, full.dtype,
@@ -345,7 +345,7 @@ def test_a_thinking_budget_is_counted_across_a_rows_segments(native, runner):
     ("open", 5, ("length", 4)),  # room 5 - 4 + 1 = 2 (the engines' count): not more than the interruption
 ])
 def test_the_forced_answer_rule_across_segments(close, positions, want):
-    from rltt.orchestration.ray.partial_rows import Row
+    from rltt.orchestration.ray.partial_rows import PartialRow
     from rltt.rollout import SamplingParams
     from rltt.rollout.params import ThinkingBudget
 
@@ -356,21 +356,21 @@ def test_the_forced_answer_rule_across_segments(close, positions, want):
     closing = [b[0]] if close == "closed" else [99]
     thinking = ThinkingBudget(budget=4, close=closing, interruption=[7, 99], answer_budget=3)
     params = SamplingParams(max_new_tokens=12)
-    row = Row.empty(LOOPS)
+    row = PartialRow()
     assert row.limit(params, thinking) == 4
-    row.extend(first, 0, 0, 2, params, thinking, positions)
+    row.append_segment(first, 0, 0, 2, params, thinking, positions)
     assert row.finish is None and row.limit(params, thinking) == 4
-    row.extend(second, 0, 1, 2, params, thinking, positions)
+    row.append_segment(second, 0, 1, 2, params, thinking, positions)
     kind, cap = want
-    forced = row.tokens["forced_mask"].tolist()
+    forced = row.tensor("forced_mask").tolist()
     if kind == "length":
         assert row.finish == "length" and len(row) == 4 and not any(forced)
         return
     assert row.finish is None and row.limit(params, thinking) == cap
     if kind == "forced":
         assert row.ids == a + b + [7, 99] and forced == [False] * 4 + [True] * 2
-        assert row.tokens["logprobs"][4:].tolist() == [0.0, 0.0] and row.tokens["versions"].tolist() == [0, 0, 1, 1, 1, 1]
-        assert bool(row.gates[:, 4:].isnan().all()) and row.nbytes() == len(row) * (45 + 4 * LOOPS)
+        assert row.tensor("logprobs")[4:].tolist() == [0.0, 0.0] and row.tensor("versions").tolist() == [0, 0, 1, 1, 1, 1]
+        assert bool(row.tensor("gate_probs")[4:].isnan().all()) and row.nbytes() == len(row) * (46 + 4 * LOOPS)
     else:
         assert row.ids == a + b and not any(forced)
 

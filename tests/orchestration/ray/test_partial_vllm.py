@@ -68,10 +68,10 @@ def test_vllm_segments_on_a_ray_worker_are_sampled_by_their_versions_weights(run
     for g in trained:
         for j, row in enumerate(g.rows):
             spanned += row.versions_spanned() > 1
-            assert all(row.tokens[name].shape == (len(row),) for name in ("logprobs", "exit_logprobs", "versions"))
+            assert all(row.tensor(name).shape == (len(row),) for name in ("logprobs", "exit_logprobs", "versions"))
             for s, a in enumerate(range(0, len(row), SEGMENT)):
-                version = int(row.tokens["versions"][a])
-                assert len(set(row.tokens["versions"][a:a + SEGMENT].tolist())) == 1
+                version = int(row.tensor("versions")[a])
+                assert len(set(row.tensor("versions")[a:a + SEGMENT].tolist())) == 1
                 native.load_weights(version, version_weights(base, version))
                 if s == 0:
                     out = native.generate([list(g.task.prompt_ids)],
@@ -84,8 +84,8 @@ def test_vllm_segments_on_a_ray_worker_are_sampled_by_their_versions_weights(run
                     r = 0
                 n = min(SEGMENT, len(row) - a)
                 assert out.completion_ids[r, :n].tolist() == row.ids[a:a + n], (g.index, j, s, version)
-                assert torch.equal(out.exit_steps[r, :n], row.tokens["exit_steps"][a:a + n])
-                torch.testing.assert_close(out.logprobs[r, :n], row.tokens["logprobs"][a:a + n], rtol=0, atol=1e-4)
+                assert torch.equal(out.exit_steps[r, :n], row.tensor("exit_steps")[a:a + n])
+                torch.testing.assert_close(out.logprobs[r, :n], row.tensor("logprobs")[a:a + n], rtol=0, atol=1e-4)
                 later += version > 0
     assert later and spanned  # segments ran under published weights, rows spanned versions
     for version, batch in step.learner.batches:

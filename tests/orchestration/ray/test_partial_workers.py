@@ -137,7 +137,7 @@ def test_segments_are_sharded_and_every_row_continued_once_per_segment(runs):
     assert any(row.versions_spanned() > 1 for row in rows)
     for row in rows:  # one segment per SEGMENT tokens: a row never ran twice (nor skipped) in a tick
         assert row.segments == max(1, -(-len(row) // SEGMENT))
-        v = row.tokens["versions"]
+        v = row.tensor("versions")
         assert all(len(set(v[a:a + SEGMENT].tolist())) == 1 for a in range(0, len(row), SEGMENT))
 
 
@@ -149,10 +149,8 @@ def test_two_workers_train_on_the_rows_of_one_engine(runs):
             assert g.first_version == w.first_version
             for row, ref in zip(g.rows, w.rows):
                 assert row.finish == ref.finish and row.segments == ref.segments
-                for name, value in ref.tokens.items():
-                    assert torch.equal(row.tokens[name], value), name
-                assert torch.equal(row.gates.isnan(), ref.gates.isnan())  # the last loop has no gate
-                assert torch.equal(row.gates.nan_to_num(), ref.gates.nan_to_num())
+                for name, value in ref.values.items():  # every field; NaN gates where the last loop has none
+                    assert row.values[name].tobytes() == value.tobytes(), name
     for (version, batch), (v, b) in zip(spread.learner.batches, want_step.learner.batches):
         assert version == v
         assert torch.equal(batch.versions, b.versions) and torch.equal(batch.sampler_logprobs, b.sampler_logprobs)
@@ -168,7 +166,7 @@ def test_each_token_is_sampled_by_the_weights_of_its_version(runs):
         for g in groups:
             for j, row in enumerate(g.rows):
                 for s, a in enumerate(range(0, len(row), SEGMENT)):
-                    version = int(row.tokens["versions"][a])
+                    version = int(row.tensor("versions")[a])
                     engine.load_weights(version, version_weights(base, version))
                     if s == 0:
                         params = spread.sampling_base([g.seed], len(g.rows), min(SEGMENT, MAX_NEW))
@@ -179,8 +177,8 @@ def test_each_token_is_sampled_by_the_weights_of_its_version(runs):
                         out, r = engine.generate([list(g.task.prompt_ids) + row.ids[:a]], params), 0
                     n = min(SEGMENT, len(row) - a)
                     assert out.completion_ids[r, :n].tolist() == row.ids[a:a + n], (g.index, j, s)
-                    assert torch.equal(out.exit_steps[r, :n], row.tokens["exit_steps"][a:a + n])
-                    torch.testing.assert_close(out.logprobs[r, :n], row.tokens["logprobs"][a:a + n],
+                    assert torch.equal(out.exit_steps[r, :n], row.tensor("exit_steps")[a:a + n])
+                    torch.testing.assert_close(out.logprobs[r, :n], row.tensor("logprobs")[a:a + n],
                                                rtol=0, atol=1e-5)
                     checked += int(version > 0)
     assert checked  # segments sampled at later versions were among them
