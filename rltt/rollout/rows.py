@@ -35,12 +35,30 @@ from rltt.rollout.rollout_batch import TOKEN_FIELDS, RolloutBatch, RolloutStats,
 
 __all__ = ["Row", "rows_batch", "token_bytes"]
 
-_FIELDS = {f.name: f for f in TOKEN_FIELDS}
 _NAN = float("nan")
 
 
 def _arrays() -> dict[str, array]:
     return {f.name: array(f.code) for f in TOKEN_FIELDS}
+
+
+def _sampled_default(f: TokenField):
+    """A field's value on a sampled token its producer does not give: unknown (NaN) for a derived
+    field, else its padding value (not forced, not the environment's, no version recorded)."""
+    return _NAN if f.derived else f.pad
+
+
+_REST: list = [None, []]  # the table it was made from, and `_sampled_rest`'s answer for it
+
+
+def _sampled_rest() -> list[tuple[str, object]]:
+    """(name, value) of the fields `Row.add` does not take, with their `_sampled_default` (made once
+    per table: `add` runs for every sampled token)."""
+    if _REST[0] is not TOKEN_FIELDS:
+        taken = ("completion_ids", "exit_steps", "logprobs", "tempered_logprobs", "kept_floor")
+        _REST[:] = [TOKEN_FIELDS, [(f.name, _sampled_default(f)) for f in TOKEN_FIELDS
+                                   if not f.loops and f.name not in taken]]
+    return _REST[1]
 
 
 def token_bytes(loops: int) -> int:
@@ -77,7 +95,7 @@ class Row:
 
     def tensor(self, name: str) -> torch.Tensor:
         """Field ``name`` as a tensor of its dtype (a copy; (n, T) for the gates)."""
-        f = _FIELDS[name]
+        f = next(f for f in TOKEN_FIELDS if f.name == name)
         values = self.values[name]
         if not len(values):
             t = torch.zeros(0, dtype=f.dtype)
@@ -91,24 +109,23 @@ class Row:
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, token: int, exit_step: int, raw: float, tempered: float, floor: int = -1) -> None:
-        """Append one sampled token (its exit log-prob derived from its gates, no version)."""
+        """Append one sampled token; every other field is its padding value (a derived one unknown:
+        the exit log-prob comes from the gates)."""
         v = self.values
         v["completion_ids"].append(token)
         v["exit_steps"].append(exit_step)
         v["logprobs"].append(raw)
         v["tempered_logprobs"].append(tempered)
-        v["forced_mask"].append(False)
         v["kept_floor"].append(floor)
-        v["exit_logprobs"].append(_NAN)
-        v["env_mask"].append(False)
-        v["versions"].append(-1)
+        for name, value in _sampled_rest():
+            v[name].append(value)
 
     def extend(self, tokens: Sequence[int], exits: Sequence[int], raw: Sequence[float],
                tempered: Sequence[float], floors: Sequence[int] | None = None) -> None:
         """Append sampled tokens (one entry per token in each list; ``floors`` None: nothing truncated)."""
         k = len(tokens)
         self._append({"completion_ids": tokens, "exit_steps": exits, "logprobs": raw, "tempered_logprobs": tempered,
-                      "kept_floor": [-1] * k if floors is None else floors}, k)
+                      "kept_floor": [-1] * k if floors is None else floors}, k, sampled=True)
 
     def force(self, tokens: Sequence[int], **values) -> None:
         """Append forced (not sampled) tokens: no exit step, no log-probs (``values``: fields set
@@ -146,27 +163,29 @@ class Row:
         for f in TOKEN_FIELDS:
             del self.values[f.name][n * (loops if f.loops else 1):]
 
-    def _append(self, given: dict[str, Sequence], k: int) -> None:
+    def _append(self, given: dict[str, Sequence], k: int, sampled: bool) -> None:
+        """Append ``k`` tokens: the ``given`` fields' values, every other field's default — for
+        sampled tokens its padding value (unknown for a derived one), else its ``unsampled`` value."""
         for f in TOKEN_FIELDS:
             if f.loops:
                 continue
             if f.name in given:
                 self.values[f.name].extend(given[f.name])
             else:
-                self.values[f.name].extend([_NAN if f.derived else f.unsampled] * k)
+                self.values[f.name].extend([_sampled_default(f) if sampled else f.unsampled] * k)
 
     def _unsampled(self, tokens: Sequence[int], mark: str, values: dict) -> None:
         k = len(tokens)
-        given = {"completion_ids": tokens, mark: [True] * k, "exit_logprobs": [0.0] * k}
+        given = {"completion_ids": tokens, mark: [True] * k}
         for name, value in values.items():
             given[name] = [value] * k
-        self._append(given, k)
+        self._append(given, k, sampled=False)
 
     # -- transport ----------------------------------------------------------------------------
     def plain(self) -> dict:
         """The row as tensors and Python values (a checkpoint's form): every field's tensor, the
         gates (T, n) — the batch's layout — and the per-row facts."""
-        out = {name: self.tensor(name) for name in _FIELDS}
+        out = {f.name: self.tensor(f.name) for f in TOKEN_FIELDS}
         out["gate_probs"] = out["gate_probs"].T.contiguous()
         return {"tokens": out, "finish": self.finish, "passes": self.passes}
 

@@ -219,3 +219,93 @@ def test_merged_shards_keep_the_forced_tokens_of_a_thinking_budget():
     width = whole.forced_mask.shape[1]
     assert torch.equal(merged.forced_mask[:, :width], whole.forced_mask)
     assert torch.equal(merged.action_mask[:, :width], whole.action_mask)
+
+
+def test_the_field_table_is_every_per_token_tensor_of_a_batch():
+    """`TOKEN_FIELDS` names every (R, C) / (T, R, C) tensor a rollout holds (the completion mask is
+    the lengths'): a per-token attribute added to `RolloutBatch` without its table entry fails here."""
+    from rltt.rollout.rollout_batch import TOKEN_FIELDS
+
+    model = tiny_model()
+    batch = NativeEngine(model).generate(prompts([3, 5]), SamplingParams(max_new_tokens=4, n=2, seed=1,
+                                                                         exit_policy="sample"))
+    batch.versions = torch.zeros_like(batch.completion_ids)  # an optional field, recorded
+    shape = tuple(batch.completion_ids.shape)
+    per_token = {name for name, value in vars(batch).items()
+                 if isinstance(value, torch.Tensor) and tuple(value.shape[-2:]) == shape}
+    assert per_token - {"completion_mask"} == {f.name for f in TOKEN_FIELDS}
+
+
+def test_a_field_added_to_the_table_reaches_every_path(monkeypatch):
+    """Adding a per-token field is its table entry (and the batch's attribute, beside it): the row
+    record, the builder, a turn taken from a batch, the join of shards, a partial row's checkpoint
+    form and the memory plan's per-token bytes all follow, with no other change."""
+    from dataclasses import dataclass
+
+    from rltt.orchestration.ray.partial_rows import PartialRow
+    from rltt.planning.partial_buffer import PartialBuffer
+    from rltt.rollout import rollout_batch, rows as rows_module
+    from rltt.rollout.rollout_batch import TOKEN_FIELDS, TokenField, join_batches
+
+    @dataclass
+    class Wider(RolloutBatch):
+        novel: torch.Tensor | None = None
+
+    table = TOKEN_FIELDS + (TokenField("novel", "q", torch.long, -3, 7),)
+    bytes_before = rows_module.token_bytes(2)
+    for module in (rollout_batch, rows_module):
+        monkeypatch.setattr(module, "TOKEN_FIELDS", table)
+        monkeypatch.setattr(module, "RolloutBatch", Wider)
+    assert rows_module.token_bytes(2) == bytes_before + 8
+    assert PartialBuffer(groups=1, group_size=1, tokens=1, loops=2).per_token == bytes_before + 8
+    row = Row()
+    row.add(4, 1, -0.5, -0.25)
+    row.force([9])
+    row.add_env([11], 2)
+    row.add_gates(torch.tensor([[0.5, 0.5], [0.25, 0.25]]))
+    assert row.column("novel") == [-3, 7, 7]  # sampled: padding; forced and environment's: unsampled
+    batch = rows_batch([[1, 2]], [0], [row], schedule=Schedule("dense"), params=SamplingParams(),
+                       stats=RolloutStats(), num_loops=2, dtype=torch.float32, pad_id=0)
+    assert isinstance(batch, Wider) and batch.novel.tolist() == [[-3, 7, 7]]
+    batch.novel = torch.tensor([[5, 6, 7]])
+    taken = Row()
+    taken.take(batch, 0, 2)
+    assert taken.column("novel") == [5, 6]
+    joined = join_batches([batch, rows_batch([[3]], [0], [taken], schedule=Schedule("dense"), params=SamplingParams(),
+                                             stats=RolloutStats(), num_loops=2, dtype=torch.float32, pad_id=0)],
+                          SamplingParams(), RolloutStats())
+    assert joined.novel.tolist() == [[5, 6, 7], [5, 6, -3]]
+    partial = PartialRow(segments=1)
+    partial.take(batch, 0, 3)
+    plain = partial.plain()
+    assert plain["tokens"]["novel"].tolist() == [5, 6, 7]
+    assert {k: v.tobytes() for k, v in PartialRow.from_plain(plain).values.items()} == \
+        {k: v.tobytes() for k, v in partial.values.items()}
+    assert partial.nbytes() == 3 * rows_module.token_bytes(2)
+
+
+def test_a_row_taken_from_its_batch_is_the_row():
+    """Rows into a batch and back, field by field: every value kept bit for bit (NaN gates, -inf
+    log-probs and signed zeros included); the exit log-prob an engine left unknown is the one its
+    gates give, and a recorded one is kept."""
+    row = Row()
+    row.add(4, 2, float("-inf"), -0.0)
+    row.force([9], versions=3)
+    row.extend([6, 7], [1, 2], [-1.5, -2.5], [-0.75, -1.25], [12, -1])
+    row.add_gates(torch.tensor([[0.25, NAN, 0.5, 1.0], [0.75, NAN, 0.125, 0.0]]))
+    recorded = Row()
+    recorded.add_env([1, 2], 2)
+    batch = rows_batch([[1]], [0, 0], [row, recorded], schedule=Schedule("dense"), params=SamplingParams(),
+                       stats=RolloutStats(), num_loops=2, dtype=torch.float32, pad_id=0)
+    assert batch.versions.tolist() == [[-1, 3, -1, -1], [-1, -1, -1, -1]]
+    back = Row()
+    back.take(batch, 0, len(row))
+    for name, values in row.values.items():
+        if name != "exit_logprobs":
+            assert back.values[name].tobytes() == values.tobytes(), name
+    derived = back.column("exit_logprobs")
+    assert derived[1] == 0.0 and all(v == v for v in derived)  # forced: 0; sampled: computed, not NaN
+    assert recorded.column("exit_logprobs") == [0.0, 0.0] and batch.env_mask[1, :2].all()
+    assert batch.gate_probs[:, 1].isnan().all()
+    loaded = Row().load(row.plain())  # the checkpoint form and back
+    assert {k: v.tobytes() for k, v in loaded.values.items()} == {k: v.tobytes() for k, v in row.values.items()}
