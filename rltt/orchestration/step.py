@@ -162,17 +162,22 @@ class TrainingStep:
 
     def _sample(self, tasks: list[Task], params: SamplingParams) -> tuple[ScoredRollout, ScoredGroups]:
         """Generate and score ``tasks``; the groups carry their advantages (computed once)."""
-        algo = self.recipe.algorithm
         scored = sample_scored(self.engine, tasks, params, self.decode, self.runner, self.episodes)
-        rollout = scored.rollout
+        return scored, self.score(scored, params.prompt_seeds)
+
+    def score(self, scored: ScoredRollout, prompt_seeds: list[int]) -> ScoredGroups:
+        """The groups of a scored rollout with their advantages, under the recipe's algorithm — the
+        one place every step (synchronous, K-deep, partial) scores: with ``algorithm.kl_in: reward``
+        the KL penalty, measured by the learner at the version its next update starts from (a
+        partial rollout's rows may be up to K versions older), then the estimator, its scale and the
+        price on compute (`score_groups`); ``prompt_seeds``: the groups' seeds, kept with them."""
+        algo = self.recipe.algorithm
         batch = penalty = None
         if algo.kl_in == "reward" and algo.kl_coef > 0:
-            batch = LearnerBatch.from_rollout(rollout)
+            batch = LearnerBatch.from_rollout(scored.rollout)
             penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
-        groups = score_groups(scored, algo.advantage_scale, penalty, batch, params.prompt_seeds,
-                              estimator=algo.advantage, compute_cost=algo.compute_cost,
-                              compute_price=algo.compute_price)
-        return scored, groups
+        return score_groups(scored, algo.advantage_scale, penalty, batch, prompt_seeds, estimator=algo.advantage,
+                            compute_cost=algo.compute_cost, compute_price=algo.compute_price)
 
     def _empty(self) -> ScoredGroups:
         return ScoredGroups(LearnerBatch(*(torch.zeros((0, 1), dtype=d) for d in (torch.long, torch.long, torch.bool,

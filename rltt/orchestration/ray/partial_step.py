@@ -32,8 +32,7 @@ from dataclasses import replace
 
 import torch
 
-from rltt.learner import LearnerBatch
-from rltt.orchestration.groups import score_groups, score_rollout
+from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.ray import shards
 from rltt.orchestration.ray.overlap import idle_fraction
@@ -192,22 +191,13 @@ class PartialStep(TrainingStep):
         return self._scored(take)
 
     def _scored(self, take: list[Group]):
-        algo = self.recipe.algorithm
         base = replace(self.sampling_base([g.seed for g in take], self.group_size, self.recipe.rollout.max_new_tokens),
                        thinking=self.thinking)  # the rows' settings, as one call with the budget would have them
         parts = [group_batch(g, base, self._loops, self._dtype, self.pad_id, self._kind) for g in take]
         rollout = shards.merge(parts, base, 0.0)
         tasks = [g.task for g in take]
         scored = score_rollout(rollout, tasks, self.decode, self.runner)
-        batch = penalty = None
-        if algo.kl_in == "reward" and algo.kl_coef > 0:
-            # the KL in the reward: measured now, between updates, by the learner at the version its
-            # next update starts from (the rows' own versions are up to K older)
-            batch = LearnerBatch.from_rollout(rollout)
-            penalty = algo.kl_coef * self.learner.sequence_kl(batch).cpu()
-        groups = score_groups(scored, algo.advantage_scale, penalty, batch, base.prompt_seeds,
-                              estimator=algo.advantage, compute_cost=algo.compute_cost,
-                              compute_price=algo.compute_price)
+        groups = self.score(scored, base.prompt_seeds)  # the KL in the reward measured now, between updates
         metrics = rollout_metrics(scored, groups, self.ranks, self.runner.names[0], self.thinking)
         batch = groups.batch
         keep = batch.target_mask
