@@ -50,7 +50,7 @@ def load() -> str:
 
 def has_partial() -> bool:
     """Whether this checkout's orchestration section has ``partial_rollouts``."""
-    from rltt.orchestration.ray.orchestration_section import OrchestrationSection
+    from rltt.orchestration.orchestration_section import OrchestrationSection
 
     return "partial_rollouts" in {f.name for f in fields(OrchestrationSection)}
 

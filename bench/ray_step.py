@@ -294,7 +294,7 @@ def sync_times(args) -> list[dict]:
     import ray
 
     from rltt.orchestration.ray.cluster import actor_env
-    from rltt.orchestration.ray.orchestration_section import RaySection
+    from rltt.orchestration.orchestration_section import RaySection
     from rltt.orchestration.ray.rollout_pool import RayRolloutPool, RemoteTensors
 
     cfg = RaySection()
@@ -374,7 +374,7 @@ def main(argv=None) -> int:
     import ray
 
     from rltt.orchestration.ray.cluster import connect, disconnect
-    from rltt.orchestration.ray.orchestration_section import RaySection
+    from rltt.orchestration.orchestration_section import RaySection
 
     args = parse_args(argv)
     torch.set_num_threads(1)

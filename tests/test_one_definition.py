@@ -14,7 +14,7 @@ ONCE = {
     "read_config": "rltt/model/model_source.py",
     "sampling_params": "rltt/orchestration/policy.py",
 }
-GONE = ("BACKENDS@rltt/orchestration/ray/orchestration_section.py", "SYNCS@rltt/orchestration/ray/orchestration_section.py",
+GONE = ("BACKENDS@rltt/orchestration/orchestration_section.py", "SYNCS@rltt/orchestration/orchestration_section.py",
         "ks_to_report@rltt/evaluation/passk.py", "sampled_lengths@rltt/data/reasoning.py", "_MISSING@rltt/config.py")
 
 

@@ -13,7 +13,7 @@ from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, Positi
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.model.model_source import ModelSource
 from rltt.orchestration.engines import ENGINES
-from rltt.orchestration.ray.orchestration_section import OrchestrationSection
+from rltt.orchestration.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
 from rltt.rollout.attention import ATTENTION
 from rltt.rollout.params import Schedule

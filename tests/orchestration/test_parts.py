@@ -12,7 +12,7 @@ from rltt.errors import ConfigError
 from rltt.learner.backends import BACKENDS
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.parts import LOCAL, Orchestration, PartDied, build_local_parts
-from rltt.orchestration.ray.orchestration_section import Backend
+from rltt.orchestration.orchestration_section import Backend
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.orchestration.trainer import ORCHESTRATIONS, Trainer, train
 from rltt.telemetry import read_metrics

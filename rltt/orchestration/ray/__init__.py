@@ -8,9 +8,7 @@
   resources checked within ``timeout_s``, and ``RUN_DIR/cluster.json``.
 
 Ray is an optional dependency (``pip install 'rltt[ray]'``); nothing here imports it at module
-import time except `cluster`, `rollout_pool` and `learner_group`.
+import time except `cluster`, `rollout_pool` and `learner_group`. The recipe section that chooses
+this orchestration (``orchestration.*``, with ``orchestration.ray``) serves local runs too and lives
+beside the trainer: `rltt.orchestration.orchestration_section`.
 """
-
-from rltt.orchestration.ray.orchestration_section import OrchestrationSection, RaySection
-
-__all__ = ["OrchestrationSection", "RaySection"]

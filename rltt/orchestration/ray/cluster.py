@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from rltt.errors import RlttError
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 
 #: forwarded to every actor when set in the driver
 FORWARDED_ENV = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "HF_HOME",

@@ -25,7 +25,7 @@ from pathlib import Path
 from rltt.errors import RlttError
 from rltt.orchestration.parts import Orchestration, RunParts
 from rltt.orchestration.ray.builders import EngineFromDir, LearnerFromDir
-from rltt.orchestration.ray.orchestration_section import check_recipe
+from rltt.orchestration.orchestration_section import check_recipe
 from rltt.orchestration.ray.overlap import OverlappedStep
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.orchestration.train_recipe import TrainRecipe

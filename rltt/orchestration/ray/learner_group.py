@@ -30,7 +30,7 @@ from rltt.learner import LearnerBatch
 from rltt.orchestration.parts import PartDied
 from rltt.orchestration.ray.cluster import (DEAD_ACTOR_ERRORS, ClusterLog, actor_env, actor_info, resources_error,
                                             wait_scheduled)
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 from rltt.orchestration.ray.rollout_pool import RemoteTensors
 
 ROLE = "learner"

@@ -51,11 +51,11 @@ class Sampled:
 class OverlappedStep(TrainingStep):
     """`TrainingStep` that reports the rollouts' staleness and, with ``max_staleness`` K ≥ 1,
     samples steps up to n + K while step n's update runs on the learner group (its
-    ``during_update`` hook); ``overlap`` True is K = 1."""
+    ``during_update`` hook)."""
 
-    def __init__(self, *args, max_staleness: int = 0, overlap: bool = False, last_step: int = 0, **kwargs):
+    def __init__(self, *args, max_staleness: int = 0, last_step: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.max_staleness = max(int(max_staleness), int(bool(overlap)))
+        self.max_staleness = int(max_staleness)
         self.last_step = last_step
         self.ahead: list[Sampled] = []  # the steps sampled ahead, in step order
         self._used: Sampled | None = None
@@ -64,10 +64,6 @@ class OverlappedStep(TrainingStep):
         self._gen_s = 0.0  # seconds of this step spent sampling (a rollout in flight on the workers)
         if self.max_staleness:
             self.learner.during_update = self._sample_ahead
-
-    @property
-    def overlap(self) -> bool:
-        return self.max_staleness > 0
 
     def _sampled(self, step: int) -> Sampled:
         t0 = time.perf_counter()

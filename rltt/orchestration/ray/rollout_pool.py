@@ -26,7 +26,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.orchestration.ray import shards
 from rltt.orchestration.ray.cluster import DEAD_ACTOR_ERRORS, ClusterLog, actor_env, actor_info, wait_scheduled
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
 
 ROLE = "rollout"

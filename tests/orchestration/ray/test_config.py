@@ -3,7 +3,7 @@
 import pytest
 
 from rltt.errors import ConfigError
-from rltt.orchestration.ray.orchestration_section import check_recipe
+from rltt.orchestration.orchestration_section import check_recipe
 from rltt.orchestration.train_recipe import load_train_recipe
 
 from ..test_local import write_recipe

@@ -9,7 +9,7 @@ import pytest
 
 from rltt.errors import RlttError
 from rltt.orchestration.ray.builders import LearnerFromDir
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 from rltt.orchestration.ray.learner_group import RayLearnerGroup
 from rltt.orchestration.train_recipe import load_train_recipe
 

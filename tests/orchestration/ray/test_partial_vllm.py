@@ -16,7 +16,7 @@ from rltt.data.rewards import RewardRunner, WeightedReward
 from rltt.orchestration.policy import load_policy
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.ray.builders import EngineFromDir
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 from rltt.orchestration.ray.partial_rows import segment_seed
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.rollout import NativeEngine

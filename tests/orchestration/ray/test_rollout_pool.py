@@ -13,7 +13,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.orchestration.policy import load_policy
 from rltt.orchestration.ray.cluster import ClusterLog
-from rltt.orchestration.ray.orchestration_section import RaySection
+from rltt.orchestration.orchestration_section import RaySection
 from rltt.orchestration.ray.builders import EngineFromDir
 from rltt.orchestration.ray.rollout_pool import RayRolloutPool
 from rltt.orchestration.ray.shards import merge, split

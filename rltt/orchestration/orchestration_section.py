@@ -76,12 +76,10 @@ class OrchestrationSection:
             raise recipe_error("orchestration.overlap", f"{self.overlap} is max_staleness {self.overlap}; it "
                                                         f"contradicts orchestration.max_staleness="
                                                         f"{self.max_staleness} (set one of them)")
-        if self.max_staleness is None:
-            self.max_staleness = self.overlap or 0
+        self.max_staleness = self.staleness
         if self.max_staleness and self.backend != "ray":
-            key = "orchestration.max_staleness" if self.overlap is None else "orchestration.overlap"
-            raise recipe_error(key, f"{self.max_staleness} needs orchestration.backend=ray (rollouts run on "
-                                    f"their own actors while the learner updates)")
+            raise recipe_error(self.staleness_key, f"{self.max_staleness} needs orchestration.backend=ray (rollouts "
+                                                   f"run on their own actors while the learner updates)")
         if self.partial_rollouts and self.backend != "ray":
             raise recipe_error("orchestration.partial_rollouts", "true needs orchestration.backend=ray (rows "
                                                                  "continue on the rollout actors across updates)")
@@ -91,8 +89,15 @@ class OrchestrationSection:
 
     @property
     def staleness(self) -> int:
-        """K, the resolved ``max_staleness`` (``overlap`` its alias)."""
+        """K: ``max_staleness``, or its older name ``overlap`` — the one place the alias is resolved
+        (`validate` stores the answer in ``max_staleness``)."""
         return self.max_staleness if self.max_staleness is not None else (self.overlap or 0)
+
+    @property
+    def staleness_key(self) -> str:
+        """The recipe key K was given by, for messages: ``orchestration.overlap`` when only the alias
+        was set."""
+        return "orchestration.overlap" if self.overlap is not None else "orchestration.max_staleness"
 
 
 def check_recipe(recipe) -> None:
@@ -112,8 +117,7 @@ def check_recipe(recipe) -> None:
                                                          f"whole groups)")
     a = recipe.algorithm
     if o.staleness and not ((a.policy_logprob == "exit" and a.hybrid_logprob) or a.correction != "none"):
-        key = "orchestration.max_staleness" if o.overlap is None else "orchestration.overlap"
-        raise recipe_error(key, f"{o.staleness} trains on rollouts up to {o.staleness} step(s) old: it needs the "
+        raise recipe_error(o.staleness_key, f"{o.staleness} trains on rollouts up to {o.staleness} step(s) old: it needs the "
                                 f"ratio against the sampler's log-probs (algorithm.policy_logprob=exit with "
                                 f"hybrid_logprob=true, or an algorithm.correction such as decoupled or token_tis)")
     if o.partial_rollouts:
