@@ -41,7 +41,6 @@ rollout's weights it equals the episode's record bit for bit.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -53,17 +52,10 @@ from rltt.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from rltt.rollout.replay import ReplayLogprobs, replay_logprobs
 from rltt.rollout.rollout_batch import RolloutStats, Schedule, join_schedules
 from rltt.rollout.rows import Row, rows_batch
+from rltt.rollout.seeds import turn_seed
 from rltt.rollout.turns import TurnSession
 
-__all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode", "turn_seed"]
-
-
-def turn_seed(seed: int, sample: int, turn: int) -> int:
-    """The sampling seed of turn ``turn`` (2, 3, ...) of sample ``sample`` of a prompt whose
-    first turn drew from ``seed`` (or of row ``sample`` of a call seeded ``seed``): a 63-bit hash
-    of the three."""
-    digest = hashlib.blake2b(f"{seed}:{sample}:{turn}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+__all__ = ["EpisodeBatch", "TurnRecord", "run_episodes", "replay_episode"]
 
 
 @dataclass

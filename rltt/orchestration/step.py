@@ -38,27 +38,9 @@ from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.data.reasoning import length_metrics, length_sums
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.rollout.params import ThinkingBudget
+from rltt.rollout.seeds import rollout_seed
 from rltt.telemetry import Timer, peak_memory_gb, reset_peak_memory
 from rltt.telemetry import schema as m
-
-_MASK = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def rollout_seed(seed: int, step: int, attempt: int, index: int) -> int:
-    """The sampling seed of the step's ``index``-th prompt (global, over all ranks) in draw
-    ``attempt`` (0, then dynamic-sampling refills): a 63-bit hash of the four."""
-    h = 0
-    for value in (seed, step, attempt, index):
-        h = _splitmix64(h ^ (value & _MASK))
-    return h >> 1
-
 
 def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, primary: str,
                     thinking: ThinkingBudget | None = None, seconds: float | None = None) -> dict[str, float]:

@@ -9,8 +9,8 @@ token exits without computing deeper steps (docs/design.md §1.8):
 - ``sample``: draw u ~ U[0, 1) once per token and exit at the first t with CDF_t > u (else T):
   inverse-CDF sampling of t* ~ p.
 
-Randomness is counter-based (`RowRandom`): the uniform behind row r's j-th token (and the one
-behind its exit) is a hash of (seed, r, j, stream), computed for all rows of a pass in one
+Randomness is counter-based (`RowRandom`, over `rltt.rollout.seeds`): the uniform behind row r's
+j-th token (and the one behind its exit) is a hash of (seed, r, j, stream), computed for all rows of a pass in one
 vectorised op on the model's device. So a row's draws do not depend on the batch, the
 schedule or the order of passes — `dense` and `deferred` with the same seed make the same
 draws — and sampling needs no per-row generator calls and no copy of the logits to the CPU.
@@ -22,28 +22,7 @@ import torch
 
 from rltt.model.exits import ExitPolicy, exit_distribution
 from rltt.rollout.params import SamplingParams
-
-
-def _signed(value: int) -> int:
-    """A 64-bit pattern as the int64 torch stores."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
-_ROW, _COUNTER, _STREAM = _signed(0xD6E8FEB86659FD93), _signed(0xA0761D6478BD642F), _signed(0xE7037ED1A0B428DB)
-
-
-def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _splitmix64(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64)."""
-    x = x + _GOLDEN
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    return x ^ _shr(x, 31)
+from rltt.rollout.seeds import EXIT, TOKEN, row_keys, uniforms
 
 
 class RowRandom:
@@ -54,18 +33,12 @@ class RowRandom:
     sample index within its prompt), so a prompt's samples do not depend on which other prompts
     share the call (one prompt per call with ``seed=s`` draws what ``prompt_seeds=[s]`` draws)."""
 
-    TOKEN, EXIT = 0, 1  # streams
+    TOKEN, EXIT = TOKEN, EXIT  # streams
 
     def __init__(self, seed: int, device: torch.device | str = "cpu", num_rows: int | None = None,
                  prompt_seeds: list[int] | None = None, n: int = 1):
         self.device = torch.device(device)
-        if prompt_seeds is not None:
-            seeds = torch.tensor([s % (1 << 63) for s in prompt_seeds], dtype=torch.long).repeat_interleave(n)
-            index = torch.arange(len(prompt_seeds) * n) % n
-        else:
-            rows = num_rows if num_rows is not None else 1
-            seeds, index = torch.full((rows,), seed % (1 << 63), dtype=torch.long), torch.arange(rows)
-        self.host_keys = _splitmix64(_splitmix64(seeds) ^ (index * _ROW))  # (R,) on the host
+        self.host_keys = row_keys(seed, num_rows, prompt_seeds, n)  # (R,) on the host
         self.keys = self.host_keys.to(self.device)
 
     def take(self, start: int, end: int) -> "RowRandom":
@@ -81,8 +54,7 @@ class RowRandom:
         keys = self.host_keys if host else self.keys
         rows = torch.as_tensor(rows, dtype=torch.long, device=keys.device)
         counters = torch.as_tensor(counters, dtype=torch.long, device=keys.device)
-        x = _splitmix64(keys[rows] ^ (counters * _COUNTER) ^ (stream * _STREAM))
-        return _shr(x, 11).double() * 2.0**-53
+        return uniforms(keys[rows], counters, stream)
 
 
 class ExitDecider:

@@ -20,20 +20,19 @@ from functools import lru_cache
 import torch
 
 from rltt.model.exits import ExitPolicy, exit_distribution
-from rltt.rollout.sampler import _COUNTER, _STREAM, RowRandom, _shr, _splitmix64
+from rltt.rollout import seeds
 
 KIND_CODES = {"final": 0, "fixed": 1, "threshold": 2, "sample": 3}
 
 
 def uniforms_from_keys(keys: torch.Tensor, counters: torch.Tensor, stream: int) -> torch.Tensor:
     """`RowRandom.uniform` given the row keys themselves (float64 in [0, 1))."""
-    x = _splitmix64(keys ^ (counters * _COUNTER) ^ (stream * _STREAM))
-    return _shr(x, 11).double() * 2.0**-53
+    return seeds.uniforms(keys, counters, stream)
 
 
 def row_keys(seed: int, num_rows: int, prompt_seeds: list[int] | None = None, n: int = 1) -> list[int]:
     """The native engine's per-row keys (int64 values) for a call with these seeds."""
-    return RowRandom(seed, "cpu", num_rows, prompt_seeds, n).keys.tolist()
+    return seeds.row_keys(seed, num_rows, prompt_seeds, n).tolist()
 
 
 @lru_cache(maxsize=64)
@@ -67,7 +66,7 @@ class RowExits:
         kinds = torch.tensor([KIND_CODES[p.kind] for p in policies], dtype=torch.long)
         values = torch.tensor([0.0 if p.value is None else float(p.value) for p in policies], dtype=torch.float64)
         uniforms = uniforms_from_keys(torch.tensor(keys, dtype=torch.long), torch.tensor(counters, dtype=torch.long),
-                                      RowRandom.EXIT)
+                                      seeds.EXIT)
         return cls(kinds, values, uniforms)
 
 

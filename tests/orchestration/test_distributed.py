@@ -19,7 +19,7 @@ from rltt.errors import ConfigError
 from rltt.orchestration.trainer import Trainer
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.train_recipe import load_train_recipe
-from rltt.orchestration.step import rollout_seed
+from rltt.rollout.seeds import rollout_seed
 from rltt.telemetry import read_metrics
 from tests.subprocess_env import worker_env
 

@@ -21,7 +21,7 @@ import torch
 
 from rltt.data.rewards import RewardRunner, WeightedReward
 from rltt.orchestration.prompt_stream import PromptStream
-from rltt.orchestration.ray.partial_rows import segment_seed
+from rltt.rollout.seeds import segment_seed
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.rollout import NativeEngine
 from tests.orchestration.ray.test_partial_rollouts import FakeLearner, recipe

@@ -27,16 +27,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rltt.orchestration.prompt_stream import Task
-from rltt.orchestration.step import rollout_seed
 from rltt.rollout import RolloutBatch, RolloutStats, SamplingParams
 from rltt.rollout.params import ThinkingBudget
 from rltt.rollout.rollout_batch import Schedule
 from rltt.rollout.rows import Row, rows_batch, token_bytes  # noqa: F401  (token_bytes: the plan's per-token count)
-
-def segment_seed(seed: int, sample: int, segment: int) -> int:
-    """The prompt seed of segment ``segment`` (≥ 1) of sample ``sample`` of a group seeded ``seed``."""
-    return rollout_seed(seed, sample, segment, -2)
-
 
 @dataclass
 class PartialRow(Row):

@@ -36,8 +36,9 @@ from rltt.orchestration.groups import score_rollout
 from rltt.orchestration.policy import sampling_params
 from rltt.orchestration.ray import shards
 from rltt.orchestration.ray.overlap import idle_fraction
-from rltt.orchestration.ray.partial_rows import Group, PartialRow, group_batch, segment_seed
-from rltt.orchestration.step import TrainingStep, rollout_metrics, rollout_seed
+from rltt.orchestration.ray.partial_rows import Group, PartialRow, group_batch
+from rltt.orchestration.step import TrainingStep, rollout_metrics
+from rltt.rollout.seeds import rollout_seed, segment_seed
 from rltt.rollout import SamplingParams
 from rltt.telemetry import schema as m
 

@@ -19,7 +19,7 @@ import torch
 from rltt.data.rewards import RewardRunner, WeightedReward
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.ray.partial_step import PartialStep
-from rltt.orchestration.step import _splitmix64
+from rltt.rollout.seeds import mix64 as _splitmix64
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.rollout import RolloutBatch, RolloutStats
 from rltt.rollout.rollout_batch import Schedule

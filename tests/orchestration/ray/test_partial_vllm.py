@@ -17,7 +17,7 @@ from rltt.orchestration.policy import load_policy
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.ray.builders import EngineFromDir
 from rltt.orchestration.orchestration_section import RaySection
-from rltt.orchestration.ray.partial_rows import segment_seed
+from rltt.rollout.seeds import segment_seed
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.rollout import NativeEngine
 from tests.vllm.helpers import needs_vllm

@@ -19,7 +19,7 @@ from rltt.orchestration.components import make_engine
 from rltt.orchestration.policy import load_policy
 from rltt.orchestration.prompt_stream import PromptStream
 from rltt.orchestration.orchestration_section import RaySection
-from rltt.orchestration.ray.partial_rows import segment_seed
+from rltt.rollout.seeds import segment_seed
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.rollout import NativeEngine
 
