@@ -116,7 +116,7 @@ def _exit_policy(spec: str | None):
 
 
 def _run_recipe(args: argparse.Namespace, reps: int) -> int:
-    from rltt.evaluation.results import ProblemCounts, result_object, summary_lines
+    from rltt.evaluation.results import result_object, summary_lines
     from rltt.orchestration.evaluator import evaluate_recipe
     from rltt.orchestration.train_recipe import load_train_recipe
     from rltt.runtime.device import require_cuda
@@ -130,7 +130,7 @@ def _run_recipe(args: argparse.Namespace, reps: int) -> int:
                                  source=args.source, temperature=args.temperature, exit_policy=policy,
                                  recipe_root=Path(args.recipe).resolve().parent, model=args.model)
     base = report.to_dict()
-    counts = ProblemCounts.from_rates(base["per_task"], report.samples, report.model)
+    counts = report.result.counts(report.model)  # the evaluator's counts, not rebuilt from its rates
     passes = report.result.passes_per_token
     meta = {**base, "seed": recipe.seed, "engine": recipe.rollout.engine, "schedule": recipe.rollout.schedule,
             "exit_policy": report.exit_policy, "passes_per_token": passes}

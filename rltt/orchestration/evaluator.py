@@ -18,6 +18,7 @@ from typing import ClassVar
 from rltt.data.prompts import recipe_prompt_renderer
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
+from rltt.evaluation.results import ProblemCounts
 from rltt.orchestration.episodes import EpisodeRunner
 from rltt.orchestration.groups import sample_scored
 from rltt.orchestration.policy import RecipePolicy, sampling_params, stop_ids
@@ -36,18 +37,28 @@ class EvalResult:
     EvalResult.OPS))`` (or `reduce_ranks` across ranks)."""
 
     #: how shards merge (`rltt.runtime.distributed.combine`)
-    OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "per_task": "concat",
+    OPS: ClassVar[dict[str, str]] = {"solved": "sum", "samples": "sum", "reward_sum": "sum", "task_counts": "concat",
                                      "exit_step_sum": "sum", "tokens": "sum", "row_passes": "sum",
                                      "passes_tokens": "sum"}
 
     solved: int
     samples: int
     reward_sum: float
-    per_task: dict[str, float]  # task id -> fraction of its samples solved
+    task_counts: dict[str, tuple[int, int]]  # task id -> (samples, solved): counts, never rebuilt from rates
     exit_step_sum: float
     tokens: int  # sampled completion tokens (the exits counted)
     row_passes: float = 0.0  # serial block passes of the rows, where the engine counts them
     passes_tokens: int = 0  # the completion tokens of those calls
+
+    @property
+    def per_task(self) -> dict[str, float]:
+        """Task id -> the fraction of its samples solved."""
+        return {task: solved / n for task, (n, solved) in self.task_counts.items()}
+
+    def counts(self, origin: str = "") -> ProblemCounts:
+        """The per-problem counts (samples, solved) the statistics of `rltt.evaluation` take."""
+        ids = list(self.task_counts)
+        return ProblemCounts(ids, [self.task_counts[t][0] for t in ids], [self.task_counts[t][1] for t in ids], origin)
 
     @property
     def solve_rate(self) -> float:
@@ -113,7 +124,7 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], decode, runner: RewardRun
         result.samples += flags.numel()
         result.reward_sum += sum(scored.rewards.tolist())
         for task, row in zip(part, flags.sum(1).tolist()):
-            result.per_task[task.id] = row / samples
+            result.task_counts[task.id] = (samples, int(row))
         mask = rollout.action_mask  # sampled tokens (forced ones have no exit)
         result.exit_step_sum += float(rollout.exit_steps[mask].float().sum())
         result.tokens += int(mask.sum())

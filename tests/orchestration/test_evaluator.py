@@ -68,3 +68,16 @@ def test_rltt_eval_of_a_checkpoint_reproduces_the_logged_eval(tmp_path, capsys):
         assert obj["mean_exit_step"] == record[m.EVAL_COMPUTE_MEAN_EXIT]
         assert obj["passes_per_token"] == record[m.EVAL_COMPUTE_PASSES_PER_TOKEN]
         assert obj["exit_policy"] == "threshold:0.4"
+
+
+def test_the_evaluator_returns_counts_and_rltt_eval_reads_them():
+    """Per-task (samples, solved) counts are what the evaluation holds; the rates are computed from
+    them, and the statistics' `ProblemCounts` take them as they are (nothing rebuilt from a rate)."""
+    from rltt.orchestration.evaluator import EvalResult
+
+    result = EvalResult(solved=3, samples=9, reward_sum=3.0, task_counts={"a": (3, 1), "b": (3, 2), "c": (3, 0)},
+                        exit_step_sum=0.0, tokens=0)
+    assert result.per_task == {"a": 1 / 3, "b": 2 / 3, "c": 0.0}
+    counts = result.counts("run")
+    assert counts.ids == ["a", "b", "c"] and counts.n.tolist() == [3, 3, 3] and counts.c.tolist() == [1, 2, 0]
+    assert counts.origin == "run"
