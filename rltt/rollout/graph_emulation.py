@@ -10,6 +10,12 @@ captured piece that read a value computed outside the graph's static buffers (a 
 pass, a Python number baked in at capture) replays the stale capture-time value here as on a GPU.
 The caching allocator's pool is not modelled.
 
+Why it lives in the library and not with the tests: the engine takes its graph maker through a
+public argument (`rltt.rollout.buckets.PassBuckets(graphs=...)`), and two users inject this one —
+the test suite and the benchmark ``bench/rollout.py --buckets --host-work``, which estimates on any
+machine the host work real graphs would leave. It is never imported by the engine itself, and
+nothing it does runs in a training or serving call.
+
 `EmulatedGraphs.dispatched` counts the operator calls the replays issued (the recorded operators and
 the copies into the captured outputs) and ``launches`` the replays: a profile's top-level operators
 less ``dispatched`` plus ``launches`` is what the host would dispatch with real graphs (one launch per
