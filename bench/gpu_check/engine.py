@@ -174,7 +174,7 @@ def capture(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
                     fastest[schedule] = min(times)
                     _rollout_figures(meter, f"capture.{attention}.{schedule}", times, out, e["prompt_len"],
                                      e["new_tokens"], setting)
-                    del out
+                    got = out = None  # the graph memory below counts the engine's bytes, not a rollout's
                 sec.add(f"capture.{attention}.deferred/dense",
                         ratio(fastest.get("dense"), fastest.get("deferred")), "x (tokens/s, fastest calls)", setting)
                 b = engine.buckets
@@ -229,6 +229,7 @@ def sweep(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
                     if got is None:
                         continue
                     times, outs[schedule] = got
+                    got = None
                     medians += spread(times)[1]
                     fast[schedule] = min(times)
                     _rollout_figures(meter, f"sweep.b{bsz}.{schedule}", times, outs[schedule], e["prompt_len"],
