@@ -4,7 +4,7 @@ A GPU attention backend that builds an execution plan per new shape (PyTorch's c
 does) pays that build at every shape a rollout has not met before; a pass's attention shapes change
 with the key length, the entries and the row groups. This counts, on CPU, the calls the engine makes
 to ``scaled_dot_product_attention`` and how many of them have a (query, key, key stride, mask) shape
-not seen before in this engine's life, for the workloads of bench/gpu_check.py's sections that ran
+not seen before in this engine's life, for the workloads of bench/gpu_check's sections that ran
 out of time on the first GPU check:
 
     python bench/attention_shapes.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the carry for bench/gpu_check.py on the lent GPU machine: wheels for Python 3.12 on x86-64
+# Build the carry for bench/gpu_check on the lent GPU machine: wheels for Python 3.12 on x86-64
 # of DeepSpeed and what it needs that the device image lacks. The image has Python 3.12, torch
 # 2.11.0+cu130, triton 3.6.0, transformers 5.17.0, einops, msgpack, ninja, numpy, packaging, psutil,
 # py-cpuinfo and tqdm, but no DeepSpeed, Ray or vLLM, no pydantic and no hjson, and it cannot fetch

@@ -1,4 +1,4 @@
-"""The DeepSpeed part of bench/gpu_check.py, in its own process (gpu_check makes DeepSpeed
+"""The DeepSpeed part of bench/gpu_check, in its own process (gpu_check makes DeepSpeed
 unimportable for its own process, as on an image without it): the default GPU path,
 ``rltt train recipes/gsm8k.yaml`` (DeepSpeed ZeRO-2, bf16).
 
@@ -321,7 +321,7 @@ def card(ctx, rep: Report, shapes: dict, tag: str, card_gib: float | None, emula
         rep.add(f"{tag}.outside_allocator_gib", round(outside / GIB, 3),
                 "GiB (this process's CUDA context, NCCL, cuBLAS: held outside the allocator)", setting)
         rep.add(f"{tag}.other_process_gib", round(elsewhere / GIB, 3),
-                "GiB (bench/gpu_check.py itself: not part of the card)", setting)
+                "GiB (bench/gpu_check itself: not part of the card)", setting)
         rep.add(f"{tag}.plan_runtime_gib", round(plan_a.components["runtime"] / GIB, 3), "GiB", setting)
         if emulate:
             fraction = (card_bytes - outside) / total

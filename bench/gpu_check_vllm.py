@@ -1,4 +1,4 @@
-"""The vLLM part of bench/gpu_check.py, in its own process (gpu_check makes vLLM unimportable for
+"""The vLLM part of bench/gpu_check, in its own process (gpu_check makes vLLM unimportable for
 its own process, as on an image without it).
 
     python bench/gpu_check_vllm.py --out DIR [--cpu-smoke]

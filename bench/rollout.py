@@ -15,6 +15,13 @@
     python bench/rollout.py --buckets --batch-sizes 1,8,32 --write
                                                  # bucketed passes (rltt.rollout.buckets, run eagerly: the
                                                  # CPU form of the CUDA-graph path) against today's passes
+    python bench/rollout.py --passes --batch-sizes 1,8,32,128 --write
+                                                 # serial passes per new token against E[t*] (counts only,
+                                                 # no timing): where deferred's passes go at a batch
+    python bench/rollout.py --device cuda --batch-sizes 1,8,32,256 --clock wall
+                                                 # on a GPU (bf16): every tok/s with its roofline bound
+                                                 # and the fraction reached (rltt.planning.roofline; the
+                                                 # device's figures by its name, or --roofline NAME)
 
 The model is random (d=512, L=4, T=4, GQA 8/2 heads, V=4096) with the exit gate's weight
 zeroed and its bias set so every gate probability is λ, chosen so that E[t*] = 2.5 under the
@@ -45,12 +52,29 @@ import torch
 from rltt.model import LoopConfig, LoopedForCausalLM
 from rltt.model.exits import gate_lambda
 from rltt.rollout import NativeEngine, SamplingParams
+from rltt.planning.roofline import RolloutWork, device_spec, rollout_roofline
+from rltt.planning.shapes import ModelShape
 from rltt.rollout.host_work import rollout_host_work
 
 SECTION = "## Rollout engine (bench/rollout.py)"
 VLLM_SECTION = "### vLLM engine (`bench/rollout.py --engine vllm`)"
 HOST_SECTION = "### Host work per pass (`bench/rollout.py --host-work`)"
 BUCKET_SECTION = "### Bucketed passes (`bench/rollout.py --buckets`)"
+PASSES_SECTION = "### Serial passes per token against E[t*] (`bench/rollout.py --passes`)"
+PASSES_NOTES = """\
+Counts, not times: one deferred call per (batch, new tokens), greedy tokens with sampled exits (gate bias for
+the E[t*] asked), one row per prompt (its prompt's entries ride along in its first token's passes: no passes
+of their own, *other passes* = 0). *Serial passes per token* = the call's passes / new tokens per row: what a
+batch costs where a pass costs the same whatever it holds (memory-bound decode on a GPU). *Row passes per
+token*: the passes each row took part in / its tokens, averaged — the schedule's own cost per token, E[t*]. A
+batch runs until its slowest row is done, so its passes are the largest Σ t* over its rows (plus a shared
+prefill's T passes where G > 1); the *slowest row* column is that row's Σ t* / N. The gap
+between serial passes and E[t*] is that maximum, and it grows with the rows (more draws to take the maximum
+of) and shrinks with the new tokens (the sum concentrates): no pass order inside a batch removes it, since
+every row's tokens need their own t* passes one after another. Rows of the next prompts taking the slots of
+finished rows (continuous batching) would. The counts do not depend on the model's width: the gate's weight is
+zeroed, so every exit is a draw against the same λ from the row's counter-based uniforms.
+"""
 FLOOR_SECTION = "### The GEMM floor: native dense against generate() (`bench/rollout.py --gemm-floor`)"
 FLOOR_NOTES = """\
 Native dense and `generate()` with final exits run the same GEMMs per token (every token computes all T
@@ -126,25 +150,53 @@ def build_model(args) -> LoopedForCausalLM:
     with torch.no_grad():
         model.model.exit_gate.weight.zero_()
         model.model.exit_gate.bias.fill_(math.log(lam / (1 - lam)))
+    if getattr(args, "device", "cpu") == "cuda":
+        model = model.to("cuda", torch.bfloat16)
     return model
 
 
 def timed(fn, clock):
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     start = clock()
     out = fn()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return clock() - start, out
+
+
+def roofline_spec(args):
+    """The device figures the bounds use: ``--roofline NAME``, else the CUDA device's by its name; None on CPU."""
+    if getattr(args, "roofline", None):
+        spec = device_spec(args.roofline)
+        if spec is None:
+            raise SystemExit(f"--roofline: no figures for {args.roofline!r} (rltt.planning.roofline.DEVICES)")
+        return spec
+    if getattr(args, "device", "cpu") == "cuda":
+        return device_spec(torch.cuda.get_device_name())
+    return None
+
+
+def bound_fraction(model, out, seconds: float, args, spec) -> tuple[float, float] | None:
+    """(bound tok/s, fraction reached) of one call's work on ``spec`` (None without figures)."""
+    if spec is None:
+        return None
+    work = RolloutWork.of(out.stats, args.prompt_len, args.new_tokens)
+    bound = rollout_roofline(ModelShape.of(model.config), model.lm_head.weight.element_size(), work, spec)
+    return bound.tokens_per_s, bound.fraction(seconds)
 
 
 def run(args) -> tuple[list[dict], str]:
     torch.set_num_threads(args.threads)
     model = build_model(args)
     engine = NativeEngine(model)
+    spec = roofline_spec(args)
     rows = []
     for bsz in args.batch_sizes:
         gen = torch.Generator().manual_seed(bsz)
         group = args.group if bsz % args.group == 0 else 1
         distinct = torch.randint(1, args.vocab, (bsz // group, args.prompt_len), generator=gen)
-        prompts = distinct.repeat_interleave(group, 0)  # the rows generate() gets
+        prompts = distinct.repeat_interleave(group, 0).to(model.lm_head.weight.device)  # the rows generate() gets
 
         def native(schedule, policy):
             return engine.generate(distinct.tolist(), SamplingParams(
@@ -169,9 +221,9 @@ def run(args) -> tuple[list[dict], str]:
                 best[name] = min(best[name], seconds)
         dense, deferred = outs["dense"], outs["deferred"]
         assert torch.equal(dense.exit_steps, deferred.exit_steps), "dense and deferred made different exits"
-        assert args.temperature or torch.equal(outs["native_final"].completion_ids,
-                                               outs["hf_final"][:, args.prompt_len:]), \
-            "native final-exit tokens differ from generate()"
+        assert args.temperature or args.device == "cuda" or torch.equal(
+            outs["native_final"].completion_ids, outs["hf_final"][:, args.prompt_len:].cpu()), \
+            "native final-exit tokens differ from generate()"  # (bf16 on a GPU may split greedy paths)
         tokens = bsz * args.new_tokens
         row = dict(
             batch=bsz, group=group, mean_exit=float(deferred.exit_steps.float().mean()),
@@ -180,7 +232,12 @@ def run(args) -> tuple[list[dict], str]:
             dense_ppt=dense.stats.passes_per_token, deferred_ppt=deferred.stats.passes_per_token,
             dense_entries=dense.stats.entries_computed, deferred_entries=deferred.stats.entries_computed,
             pending=deferred.stats.entries_pending,
+            dense_serial=dense.stats.passes / args.new_tokens, deferred_serial=deferred.stats.passes / args.new_tokens,
         )
+        for name in ("dense", "deferred"):
+            got = bound_fraction(model, outs[name], best[name], args, spec)
+            if got is not None:
+                row[f"{name}_bound"], row[f"{name}_fraction"] = got
         row["ratio"] = row["deferred_tps"] / row["dense_tps"]
         row["vs_hf"] = row["native_final_tps"] / row["hf_tps"]
         row["dense_vs_hf"], row["deferred_vs_hf"] = row["dense_tps"] / row["hf_tps"], row["deferred_tps"] / row["hf_tps"]
@@ -198,7 +255,56 @@ def run(args) -> tuple[list[dict], str]:
               f"({row['ratio']:.2f}x), native final {row['native_final_tps']:.1f} vs generate() "
               f"{row['hf_tps']:.1f} tok/s ({row['vs_hf']:.2f}x); dense / generate() {row['dense_vs_hf']:.2f}x, "
               f"deferred / generate() {row['deferred_vs_hf']:.2f}x", flush=True)
-    return rows, table(rows)
+    md = table(rows)
+    if spec is not None:
+        md += "\n\n" + roofline_table(rows, spec)
+    return rows, md
+
+
+def roofline_table(rows: list[dict], spec) -> str:
+    """Each tok/s figure of the main table with its bound on ``spec`` and the fraction reached."""
+    lines = [f"Roofline: {spec.name} ({spec.bandwidth / 1e12:.3g} TB/s, {spec.bf16_flops / 1e12:.0f} bf16 TFLOP/s dense; "
+             f"rltt.planning.roofline over each call's measured passes and entries)", "",
+             "| batch (prompts × G) | dense tok/s | bound | fraction | deferred tok/s | bound | fraction |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['dense_tps']:.1f} | "
+                     f"{r['dense_bound']:.0f} | **{r['dense_fraction']:.1%}** | {r['deferred_tps']:.1f} | "
+                     f"{r['deferred_bound']:.0f} | **{r['deferred_fraction']:.1%}** |")
+    return "\n".join(lines)
+
+
+def run_passes(args) -> tuple[list[dict], str]:
+    """Serial passes per new token of the deferred schedule against E[t*], per batch size and new-token count
+    (``--passes-tokens``): counts of one call each, no timing."""
+    torch.set_num_threads(args.threads)
+    model = build_model(args)
+    engine = NativeEngine(model)
+    rows = []
+    for new_tokens in args.passes_tokens:
+        for bsz in args.batch_sizes:
+            gen = torch.Generator().manual_seed(bsz)
+            prompts = torch.randint(1, args.vocab, (bsz, args.prompt_len), generator=gen).tolist()
+            out = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=new_tokens,
+                                                          exit_policy="sample", schedule="deferred", seed=1,
+                                                          ignore_eos=True))
+            exits = out.exit_steps[out.completion_mask].float()
+            row_sums = (out.exit_steps * out.completion_mask).sum(dim=1)
+            mean_exit = float(exits.mean())
+            row = dict(batch=bsz, new_tokens=new_tokens, mean_exit=mean_exit, passes=out.stats.passes,
+                       serial=out.stats.passes / new_tokens, row_ppt=out.stats.passes_per_token,
+                       slowest=float(row_sums.max()) / new_tokens,
+                       prefill=(out.stats.passes - int(row_sums.max())) / new_tokens)
+            row["over"] = row["serial"] / mean_exit
+            rows.append(row)
+            print(f"batch {bsz}, {new_tokens} tokens: E[t*] {mean_exit:.3f}, serial passes/token {row['serial']:.3f} "
+                  f"({row['over']:.3f}x), row passes/token {row['row_ppt']:.3f}", flush=True)
+    lines = ["| batch | new tokens | E[t*] (sampled) | row passes/token | slowest row Σt*/N | other passes/N "
+             "| serial passes/token | serial / E[t*] |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['new_tokens']} | {r['mean_exit']:.3f} | {r['row_ppt']:.3f} | "
+                     f"{r['slowest']:.3f} | {r['prefill']:.3f} | {r['serial']:.3f} | **{r['over']:.3f}×** |")
+    return rows, "\n".join(lines)
 
 
 def kernel_seconds(fn) -> tuple[float, float]:
@@ -389,14 +495,15 @@ def host_table(rows: list[dict]) -> str:
 def table(rows: list[dict]) -> str:
     lines = [
         "| batch (prompts × G) | E[t*] | dense tok/s | deferred tok/s | deferred/dense | passes/token dense → deferred "
-        "| entries dense → deferred (pending) | native final tok/s | generate() tok/s | native/generate "
-        "| dense/generate | deferred/generate |",
-        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|",
+        "| serial passes/token dense → deferred | entries dense → deferred (pending) | native final tok/s "
+        "| generate() tok/s | native/generate | dense/generate | deferred/generate |",
+        "|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['batch']} ({r['batch'] // r['group']} × {r['group']}) | {r['mean_exit']:.2f} | {r['dense_tps']:.1f} | {r['deferred_tps']:.1f} | "
             f"**{r['ratio']:.2f}×** | {r['dense_ppt']:.2f} → {r['deferred_ppt']:.2f} | "
+            f"{r['dense_serial']:.2f} → {r['deferred_serial']:.2f} | "
             f"{r['dense_entries']} → {r['deferred_entries']} ({r['pending']}) | {r['native_final_tps']:.1f} | "
             f"{r['hf_tps']:.1f} | **{r['vs_hf']:.2f}×** | {r['dense_vs_hf']:.2f}× | {r['deferred_vs_hf']:.2f}× |")
     return "\n".join(lines)
@@ -467,6 +574,16 @@ def main(argv=None) -> None:
     parser.add_argument("--buckets", action="store_true",
                         help="bucketed passes (run eagerly, as on CPU) against today's unbucketed passes, same "
                              "process: tok/s, ratio, bitwise equality (with --write: the ### Bucketed passes subsection)")
+    parser.add_argument("--passes", action="store_true",
+                        help="serial passes per new token of deferred against E[t*] (counts, no timing; with --write: "
+                             "the ### Serial passes subsection)")
+    parser.add_argument("--passes-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128],
+                        help="with --passes: new tokens per row")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the model in bf16 on the GPU (use --clock wall)")
+    parser.add_argument("--roofline", default=None,
+                        help="device figures for the bounds (a name of rltt.planning.roofline.DEVICES, e.g. 'H100 SXM'); "
+                             "default: the CUDA device's, none on CPU")
     parser.add_argument("--write", action="store_true",
                         help="update bench/RESULTS.md: this section's text up to its first ### subsection "
                              "(with --engine vllm: the ### vLLM engine subsection); subsections are kept")
@@ -491,6 +608,18 @@ def main(argv=None) -> None:
         episodes_bench(args, build_model(args))
         print(f"total {time.perf_counter() - start:.0f} s")
         return
+    if args.passes:
+        rows, md = run_passes(args)
+        md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}, gate bias for E[t*] = "
+              f"{args.mean_exit}; prompts of {args.prompt_len} tokens, one row per prompt.\n\n{md}")
+        print(md)
+        command = "python bench/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        if args.write:
+            write_section(Path(__file__).with_name("RESULTS.md"), f"Command: `{command.strip()}`\n\n{md}\n",
+                          heading=PASSES_SECTION, notes=PASSES_NOTES)
+        return
+    if args.device == "cuda" and args.clock == "cpu":
+        parser.error("--device cuda: use --clock wall (process CPU time does not see the GPU's)")
     rows, md = run_vllm(args) if args.engine == "vllm" else run_buckets(args) if args.buckets else run(args)
     md = (f"Model d={args.hidden}, L={args.layers}, T={args.loops}, V={args.vocab}; prompts of {args.prompt_len} "
           f"tokens, {args.new_tokens} new tokens per row; {args.threads} thread(s); throughput in tokens per "

@@ -38,7 +38,7 @@ libraries are the plan's ``runtime`` component, left out on both sides. The plan
 two steps draw (drawn first, with the run's tokenizer and template); completions run to
 ``max_new_tokens`` unless the random model stops (``length/mean`` is reported beside each row).
 
-**(b) full-shape.** A random model of Ouro-1.4B's exact config (`bench/gpu_check.py`'s
+**(b) full-shape.** A random model of Ouro-1.4B's exact config (`bench/gpu_check`'s
 ``OURO_1_4B`` through `rltt.model.ouro.ouro_to_loop_config`, all 24 layers), built in bf16:
 native rollouts (a few prompts, short completions) and the learner's scoring forward (packed, no
 gradients), timed and measured as above; then one real ``rltt train`` step (rollout, rewards,
@@ -526,10 +526,12 @@ def report(args) -> int:
 
 # -- (b) the full shape -------------------------------------------------------------------------------------
 def ouro_1_4b() -> dict:
-    """Ouro-1.4B's config.json fields (bench/gpu_check.py's ``OURO_1_4B``)."""
+    """Ouro-1.4B's config.json fields (bench/gpu_check's ``OURO_1_4B``)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_check_config", ROOT / "bench" / "gpu_check.py")
+    package = ROOT / "bench" / "gpu_check"
+    spec = importlib.util.spec_from_file_location("gpu_check", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)

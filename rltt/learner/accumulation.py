@@ -10,7 +10,7 @@ the backend holds (`accumulated_gradients`) and compares. A 16-bit learner — D
 or the torch backend with its fp32 master gradients — stays within one bf16 rounding
 (``BF16_ROUNDING``) of the exact sum; a bf16 running sum of many micro-batches is off by more.
 
-Used by ``tests/learner/test_grad_accumulation.py`` and the device check (bench/gpu_check.py)::
+Used by ``tests/learner/test_grad_accumulation.py`` and the device check (bench/gpu_check)::
 
     with AccumulationProbe(learner.backend) as probe:
         learner.update(batch)          # or backend.backward(...) × n, then backend.step()

@@ -31,7 +31,7 @@ counts the larger default, once per engine::
 
     capture_workspace   32 MiB
 
-Measured once (bench/gpu_check.py's rollouts section, bench/gpu_runs/2026-12-04b: the growth of
+Measured once (bench/gpu_check's rollouts section, bench/gpu_runs/2026-12-04b: the growth of
 ``memory_reserved`` from before the engine was made to after its graphs' rollouts and replay, the
 cache emptied at both ends; an H200, torch 2.11 + CUDA 13, a random LoopLM of Ouro-1.4B's shape in
 bf16): 80 MiB in each of two runs whose buckets differed (8-256 and 4-384), where buffers and pool

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py: its CPU mode runs every section at the smallest shapes and reports every
+"""bench/gpu_check (a package, one module per section): its CPU mode runs every section at the smallest shapes and reports every
 figure (so the GPU check cannot rot while no GPU is at hand); the section guards record failures
 and time-outs without stopping the other sections."""
 
@@ -20,7 +20,7 @@ from rltt.cli.main import main
 
 from tests.bench.helpers import ROOT, load_bench
 
-SCRIPT = ROOT / "bench" / "gpu_check.py"
+SCRIPT = ROOT / "bench" / "gpu_check"  # python runs the folder's __main__
 VLLM_WORKER = ROOT / "bench" / "gpu_check_vllm.py"
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -61,28 +61,46 @@ def _deepspeed_figures():
     return names
 
 
+def _engine_figures(batch=4, batches=(1, 2, 4, 8, 16), generate_batch=4):
+    """The engine section's figures at the CPU smoke's sizes."""
+    per_call = ("tok_s", "tok_s_median", "calls_s", "bound_tok_s", "fraction")
+    rollout = per_call + ("passes_per_token", "row_passes_per_token", "mean_exit_step")
+    names = ["model_build_s", "device_spec"]
+    for attention in ("sdpa", "triton"):
+        names += [f"capture.{attention}.{s}.{k}" for s in ("dense", "deferred") for k in rollout]
+        names += [f"capture.{attention}.{k}" for k in ("deferred/dense", "captures", "graphs_per_capture",
+                                                       "replayed_passes", "eager_bucketed_passes",
+                                                       "graphs_planned_gib", "graphs_measured_gib",
+                                                       "graphs_planned/measured")]
+    for b in batches:
+        names += [f"sweep.b{b}.{s}.{k}" for s in ("dense", "deferred") for k in rollout]
+        names += [f"sweep.b{b}.deferred/dense", f"sweep.b{b}.same_tokens_and_exits"]
+    names += [f"sweep.{k}" for k in ("graphs_planned_gib", "graphs_measured_gib", "graphs_planned/measured")]
+    names += [f"generate.b{generate_batch}.native.{k}" for k in rollout]
+    names += [f"generate.b{generate_batch}.hf.{k}" for k in per_call]
+    names += [f"generate.b{generate_batch}.{k}" for k in ("native/generate", "identical_rows_frac")]
+    return names
+
+
 EXPECTED = {
+    "engine": _engine_figures(),
     "imports": ["modules_imported", "modules_failed", "heavy_modules_loaded"],
     "kernels": _kernel_figures(),
     "rollouts": ["model_build_s"]
-    + [f"rollout.b{b}.{k}" for b in (1, 2) for k in
-       ("dense_tok_s", "deferred_tok_s", "deferred/dense", "mean_exit_step", "passes_per_token_dense",
-        "passes_per_token_deferred", "same_tokens_and_exits")]
     + [f"rollout.b1.{s}.{k}" for s in ("dense", "deferred") for k in  # rltt.rollout.host_work
        ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "host_tensors_per_pass", "passes")]
-    + [f"generate.b2.{k}" for k in ("native_final_tok_s", "hf_generate_tok_s", "native/generate",
-                                    "identical_rows_frac")]
     + ["replay.bitwise_equal", "replay.max_abs_diff", "replay.seconds"]
     + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in  # rollout.cuda_graphs
-       ("tok_s", "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass")]
+       ("tok_s", "tok_s_median", "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass")]
     + [f"graphs.{s}.{k}" for s in ("dense", "deferred") for k in ("on/off", "same_tokens_and_exits")]
     + [f"graphs.{s}.{m}.{k}" for s in ("dense", "deferred") for m in ("on", "off") for k in ("warmup_s", "uploads_per_pass")]
     + [f"graphs.{k}" for k in ("replayed_passes", "eager_bucketed_passes", "captures", "replay_bitwise_equal",
                                "planned_gib", "measured_gib", "planned/measured", "captures_at_measurement")]
     + ["attention.cudnn_sdp_enabled_by_default"]  # one SDPA call at a new shape and again, per backend setting
-    + [f"attention.{b}.{k}" for b in ("default", "cudnn_off") for k in ("new_shape_ms", "repeat_ms")]
+    + [f"attention.{b}.{k}" for b in ("default", "cudnn_off")
+       for k in ("new_shape_calls_ms", "new_shape_first_ms", "new_shape_ms", "repeat_ms")]
     + [f"triton.{s}.{k}" for s in ("dense", "deferred") for k in  # rollout.attention: triton, after the graphs comparison
-       ("warmup_s", "tok_s", "recorded_attention", "triton/sdpa", "rows_equal_sdpa", "logprob_max_abs_diff_vs_sdpa",
+       ("warmup_s", "tok_s", "tok_s_median", "recorded_attention", "triton/sdpa", "rows_equal_sdpa", "logprob_max_abs_diff_vs_sdpa",
         "operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass", "uploads_per_pass")]
     + [f"triton.{k}" for k in ("deferred/dense", "captures", "replayed_passes", "replay_bitwise_equal",
                                "replay_max_abs_diff", "replay_s")],
@@ -102,9 +120,9 @@ EXPECTED = {
               "generate_max_s"],
 }
 # positive, finite numbers in every run (memory on CPU is an RSS difference that tiny shapes may not move)
-POSITIVE = ["time.N8.naive_ms", "time.N8.triton_ms", "time.N4.chunked_ms", "rollout.b2.dense_tok_s",
-            "rollout.b2.deferred_tok_s", "rollout.b2.deferred/dense", "generate.b2.native/generate",
-            "generate.b2.hf_generate_tok_s", "step_s", "scored_tokens_per_s", "peak_memory_gib",
+POSITIVE = ["time.N8.naive_ms", "time.N8.triton_ms", "time.N4.chunked_ms", "sweep.b2.dense.tok_s",
+            "sweep.b2.deferred.tok_s", "sweep.b2.deferred/dense", "generate.b4.native/generate",
+            "generate.b4.hf.tok_s", "graphs.deferred.on.tok_s_median", "step_s", "scored_tokens_per_s", "peak_memory_gib",
             "step_time_s_mean", "rollout_tok_s_mean"]
 
 
@@ -137,7 +155,7 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
     # the correctness figures hold on CPU (on the GPU they are findings, recorded either way)
     assert values["check.all_ok"] is True
     assert values["replay.bitwise_equal"] is True and values["replay.max_abs_diff"] == 0
-    assert values["rollout.b2.same_tokens_and_exits"] is True  # fp32 accumulation on CPU: same function
+    assert values["sweep.b2.same_tokens_and_exits"] is True  # fp32 accumulation on CPU: same function
     # rollout.cuda_graphs: on CPU the bucketed passes run eagerly, bit for bit; their buffers are the plan's
     assert values["graphs.dense.same_tokens_and_exits"] is True and values["graphs.deferred.same_tokens_and_exits"]
     assert values["graphs.replay_bitwise_equal"] is True and values["graphs.eager_bucketed_passes"] > 0
@@ -175,7 +193,7 @@ def test_cpu_smoke_runs_every_section_and_reports_every_figure(tmp_path):
         for phase in ("rollout", "learner"):
             assert 0.7 < values[f"plan.ckpt_{mode}.{phase}.planned/measured"] < 1.3, (mode, phase)
     text = (tmp_path / "gpu_check.md").read_text()
-    assert "Command: `python bench/gpu_check.py --cpu-smoke" in text and "transformers" in text
+    assert "Command: `python bench/gpu_check --cpu-smoke" in text and "transformers" in text
     for name, sec in report["sections"].items():
         assert f"## {name}" in text and f"| {name} | ok |" in text
         for f in sec["figures"]:
@@ -360,3 +378,87 @@ def test_vllm_section_is_absent_with_a_note_where_vllm_is_not_installed(tmp_path
                                         transformers="t", tokenizers="t", python="3", rltt_commit="c",
                                         triton_interpret="1"), total_s=1.0, sections={"vllm": gc.asdict(result)})
     assert "| vllm | absent |" in gc.markdown(report) and "not installed" in gc.markdown(report)
+
+
+@pytest.mark.slow
+def test_cpu_smoke_engine_section_alone_within_its_budget(tmp_path):
+    """``--cpu-smoke --sections engine`` (what a short device call runs first) within 150 s here: every
+    figure, each setting timed over 3 calls after its warm-up, the schedules' passes as the schedules say,
+    the buckets' bytes as planned, and no bound where the device has no figures."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--sections", "engine", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert wall <= 150, wall
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    sec = report["sections"]["engine"]
+    assert list(report["sections"]) == ["engine"] and sec["status"] == "ok", (sec["error"], sec["skipped"])
+    values = {f["name"]: f["value"] for f in sec["figures"]}
+    assert set(_engine_figures()) <= set(values), sorted(set(_engine_figures()) - set(values))
+    assert values["device_spec"] is None
+    for name, value in values.items():
+        if name.endswith(".calls_s"):
+            assert len(value) == 3 and all(t > 0 for t in value), name
+        if name.endswith((".bound_tok_s", ".fraction")):
+            assert value is None, name  # no device figures on CPU
+        if name.endswith(".tok_s"):  # the fastest call's, at least the median's
+            assert value >= values[name + "_median"] > 0, name
+    for prefix in ["capture.sdpa", "capture.triton"] + [f"sweep.b{b}" for b in (1, 2, 4, 8, 16)]:
+        dense, deferred = values[f"{prefix}.dense.passes_per_token"], values[f"{prefix}.deferred.passes_per_token"]
+        assert deferred <= dense <= 4.0, prefix  # T = 4: dense runs every step of every token but the last
+        assert values[f"{prefix}.deferred.row_passes_per_token"] <= values[f"{prefix}.dense.row_passes_per_token"]
+    for prefix in ("capture.sdpa", "capture.triton"):
+        assert values[f"{prefix}.graphs_planned/measured"] == 1.0, prefix  # CPU: the buckets' buffers as planned
+    assert values["sweep.graphs_planned/measured"] is None  # the default engine on CPU: no buckets
+    for b in (1, 2, 4, 8, 16):
+        assert values[f"sweep.b{b}.same_tokens_and_exits"] is True
+    assert values["capture.sdpa.eager_bucketed_passes"] > 0 and values["capture.sdpa.captures"] == 0
+    assert values["generate.b4.native.passes_per_token"] == 4.0  # final exits: every step
+    print(f"engine section: {wall:.1f} s")
+
+
+def test_engine_figures_carry_the_roofline_of_the_device():
+    """With a device's figures every timed setting gets its bound and the fractions of the fastest and the
+    median call (`rltt.planning.roofline` over the call's counts)."""
+    from rltt.planning.roofline import RolloutWork, device_spec, rollout_roofline
+
+    gc = _load()
+    ctx = gc.Context(cpu_smoke=True, budget_scale=1.0)
+    model = gc.build_ouro_model(ctx)
+    sec = gc.SectionResult("engine", 60)
+    meter = gc.engine.Meter(ctx, sec, gc.Deadline(60), model)
+    meter.spec = device_spec("NVIDIA H200")
+    work = RolloutWork(passes=40, row_passes=150, entries=700, tokens=60, steps=10, context=9.0)
+    meter.add("x", [0.5, 0.25, 1.0], work, "setting")
+    values = {f.name: f.value for f in sec.figures}
+    bound = rollout_roofline(meter.shape, 2, work, meter.spec)
+    assert values["x.tok_s"] == 240.0 and values["x.tok_s_median"] == 120.0 and values["x.calls_s"] == [0.5, 0.25, 1.0]
+    assert values["x.bound_tok_s"] == round(60 / bound.seconds, 1)
+    assert values["x.fraction"] == round(bound.seconds / 0.25, 4)
+    assert values["x.fraction_median"] == round(bound.seconds / 0.5, 4)
+
+
+def test_a_section_starts_with_the_allocator_peak_reset():
+    """A section's peak (the smoke's first step's, say) is never an earlier section's: run_section resets it."""
+    gc = _load()
+    ctx, _ = _ctx(10)
+    order = []
+    ctx.reset_peak = lambda: order.append("reset")
+    gc.run_section("a", lambda ctx, sec, deadline: order.append("section"), ctx)
+    assert order == ["reset", "section"]
+
+
+def test_a_setting_whose_warm_up_says_its_timed_calls_do_not_fit_is_skipped():
+    """The engine section's guard is its setting's own warm-up call: 3 more of them must fit the time left."""
+    gc = _load()
+    ctx = SimpleNamespace(cuda=True, timed=lambda fn: (2.0, fn()),
+                          timed_calls=lambda fn, n: ([1.0] * n, fn()), shapes=SimpleNamespace(engine={"calls": 3}))
+    sec = gc.SectionResult("engine", 10)
+    meter = gc.engine.Meter.__new__(gc.engine.Meter)
+    meter.ctx, meter.sec, meter.calls = ctx, sec, 3
+    meter.deadline = gc.Deadline(5.5)  # 3 x 2 s do not fit
+    assert meter.run("x", lambda: "out") is None and sec.skipped and sec.skipped[0].startswith("x: 3 timed calls")
+    meter.deadline = gc.Deadline(60)
+    assert meter.run("y", lambda: "out") == ([1.0] * 3, "out")

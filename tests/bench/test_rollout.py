@@ -120,3 +120,37 @@ def test_gemm_floor_mode_writes_its_bound(tmp_path, monkeypatch, capsys):
     text = results.read_text()
     assert bench.FLOOR_SECTION in text and "native table" in text and "keep vllm" in text
     assert "*GEMM bound*" in text
+
+
+def test_passes_mode_counts_the_slowest_row(tmp_path, monkeypatch, capsys):
+    """``--passes``: a deferred batch's serial passes are its slowest row's Σ t* (nothing else at one row per
+    prompt); a row's own passes per token are its E[t*]; written to its own subsection."""
+    bench = _load()
+    results = tmp_path / "RESULTS.md"
+    results.write_text(_results(bench, "native table"))
+    monkeypatch.setattr(bench, "__file__", str(tmp_path / "rollout.py"))
+    bench.main(["--passes", "--batch-sizes", "1,8", "--passes-tokens", "6", "--prompt-len", "4", "--hidden", "32",
+                "--layers", "1", "--vocab", "64", "--write"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\d+) \| 6 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| \*\*([\d.]+)×\*\* \|$",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["1", "8"], out
+    for batch, mean_exit, row_ppt, slowest, other, serial, over in rows:
+        assert row_ppt == mean_exit and slowest == serial and float(other) == 0
+        assert float(serial) >= float(mean_exit)
+    assert float(rows[0][5]) == float(rows[0][1])  # one row: the batch is its row
+    text = results.read_text()
+    assert bench.PASSES_SECTION in text and "native table" in text and "keep vllm" in text
+
+
+def test_roofline_columns_for_a_named_device(capsys):
+    """``--roofline NAME``: each dense and deferred tok/s with its bound on that device and the fraction reached
+    (here on CPU, so the fractions are tiny: the arithmetic, not a GPU's figure)."""
+    bench = _load()
+    rows, md = bench.run(bench.main.__globals__["argparse"].Namespace(
+        batch_sizes=[2], new_tokens=3, prompt_len=4, hidden=32, layers=1, loops=4, vocab=64, mean_exit=2.5, group=1,
+        repeats=1, temperature=0.0, threads=1, clock="cpu", gemm_floor=False, host_work=False, device="cpu",
+        roofline="H100 SXM"))
+    row = rows[0]
+    assert "Roofline: H100 SXM" in md and 0 < row["dense_fraction"] < 1 and 0 < row["deferred_fraction"] < 1
+    assert row["dense_bound"] > 0 and row["deferred_serial"] <= row["dense_serial"] <= 4

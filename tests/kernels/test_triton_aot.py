@@ -11,7 +11,7 @@ and the argument dtypes of its launches (`triton_forward`, `triton_backward`). E
 exist, hold the kernel, use the tensor-core instructions of its architecture (mma on sm_80, wgmma
 on sm_90, for 16-bit and tf32 dots) and fit the architecture's shared memory per block; an
 upcast weight must be read as 16-bit and converted in the kernel. What this cannot check:
-register pressure at launch and the numbers (`bench/gpu_check.py` runs them on a GPU).
+register pressure at launch and the numbers (`bench/gpu_check` runs them on a GPU).
 
 The test session runs Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` before
 triton is imported, which makes triton's own helpers interpreted functions), so the compilation

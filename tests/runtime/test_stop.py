@@ -97,7 +97,7 @@ def _outer_alarm(signum, frame):
 
 
 def test_a_callers_alarm_keeps_running_through_steps():
-    """A time budget set around the whole loop (SIGALRM with ITIMER_REAL, as bench/gpu_check.py's
+    """A time budget set around the whole loop (SIGALRM with ITIMER_REAL, as bench/gpu_check's
     sections do) still fires: the loop's steps do not cancel it when no stop was asked for."""
     previous = signal.signal(signal.SIGALRM, _outer_alarm)
     try:
