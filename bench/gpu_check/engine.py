@@ -143,7 +143,6 @@ def _new_engine(ctx: Context, model, attention: str):
 
 def capture(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
     """Item 1: dense and deferred at the capture batch with each attention (the default first)."""
-    from rltt.rollout.buckets import attach
 
     e, sec = ctx.shapes.engine, meter.sec
     ids = prompts(e["batch"], 5).tolist()
@@ -186,7 +185,6 @@ def capture(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
                 sec.add(f"capture.{attention}.eager_bucketed_passes", b.eager, "passes", setting)
                 _graph_memory(ctx, sec, f"capture.{attention}", engine, before, attention, setting)
             finally:
-                attach(model, None)
                 engine = None
                 ctx.release()
         if ctx.cuda and len(sec.failures) > failed:
@@ -202,7 +200,6 @@ def sweep(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
     import torch
 
     from rltt.rollout import NativeEngine
-    from rltt.rollout.buckets import attach
 
     e, sec = ctx.shapes.engine, meter.sec
     if ctx.cuda:
@@ -249,7 +246,6 @@ def sweep(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
             for key in ("graphs_planned_gib", "graphs_measured_gib", "graphs_planned/measured"):
                 sec.add(f"sweep.{key}", None, "(the default engine on CPU keeps no buckets)", setting_of("sizes above"))
     finally:
-        attach(model, None)
         engine = None
         ctx.release()
 
@@ -261,7 +257,6 @@ def versus_generate(ctx: Context, meter: Meter, model, prompts, base: str) -> No
 
     from rltt.planning.roofline import RolloutWork
     from rltt.rollout import NativeEngine
-    from rltt.rollout.buckets import attach
 
     e, sec = ctx.shapes.engine, meter.sec
     gb, new, plen = e["generate_batch"], e["new_tokens"], e["prompt_len"]
@@ -270,10 +265,7 @@ def versus_generate(ctx: Context, meter: Meter, model, prompts, base: str) -> No
                f"call each, then {meter.calls} timed; target native >= 5x; bf16 rounding may split greedy paths")
     ids = prompts(gb, 1000 + gb)
     engine = NativeEngine(model)
-    try:
-        got = meter.run("native final", lambda: engine.generate(ids.tolist(), _params("deferred", new, "final")))
-    finally:
-        attach(model, None)
+    got = meter.run("native final", lambda: engine.generate(ids.tolist(), _params("deferred", new, "final")))
     if got is None:
         return
     native_times, out = got

@@ -235,7 +235,7 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     sec.add("graphs.eager_bucketed_passes", on.buckets.eager, "passes", setting)
     sec.add("graphs.captures", on.buckets.captures, "(bucket, step kind) captures, L + 1 graphs each", setting)
     sampled = on.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
-    replayed = replay_logprobs(model, sampled)  # follows the engine that sampled: the same graphs
+    replayed = replay_logprobs(model, sampled, on.buckets)  # the engine's buckets: the same graphs
     sec.add("graphs.replay_bitwise_equal", bool(torch.equal(replayed.logprobs.cpu(), sampled.logprobs.cpu())
                                                 and torch.equal(replayed.exit_logprobs.cpu(), sampled.exit_logprobs.cpu())),
             "", setting + "; a sampled deferred rollout with the graphs, replay_logprobs against it")
@@ -254,9 +254,6 @@ def cuda_graphs_on_off(ctx: Context, sec: SectionResult, model, ids, base: str, 
     sec.add("graphs.planned/measured", ratio(planned, measured), "x", note)
     sec.add("graphs.captures_at_measurement", on.buckets.captures, "(bucket, step kind) captures",
             note + "; after the sampled deferred rollout and its replay (graphs.captures is read before them)")
-    from rltt.rollout.buckets import attach
-
-    attach(model, None)
 
 
 #: new tokens of the batch sweep's profiled host-work call (the profiler slows each operator down)
@@ -293,7 +290,6 @@ def triton_attention(ctx: Context, sec: SectionResult, model, ids, base: str, de
     import torch
 
     from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
-    from rltt.rollout.buckets import attach
     from rltt.rollout.host_work import rollout_host_work
 
     bsz, new_tokens = ids.shape[0], graphs_new_tokens(ctx)
@@ -319,69 +315,66 @@ def triton_attention(ctx: Context, sec: SectionResult, model, ids, base: str, de
                               schedule=schedule, seed=seed, ignore_eos=True)
 
     times, last = {}, 0.0
-    try:
-        for schedule in ("deferred", "dense"):  # deferred first: the gap to dense is what the kernel is for
-            if last and not deadline.allows(1.5 * last + 5 if ctx.cuda else 0):
-                sec.skip(f"Triton attention {schedule}")
-                continue
-            start = time.perf_counter()
-            warm_s, _ = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
-            sec.log(f"triton {schedule}: warm-up {warm_s:.1f} s")
-            calls, out = ctx.timed_calls(lambda: engine.generate(ids.tolist(), params(schedule)), TIMED_CALLS)
-            t, median = spread(calls)
-            times[schedule] = t
-            sec.add(f"triton.{schedule}.warmup_s", round(warm_s, 2), "s (first call: compile, captures, new shapes)",
-                    setting)
-            sec.add(f"triton.{schedule}.tok_s", round(bsz * new_tokens / t, 2), "tok/s (fastest call)", setting)
-            sec.add(f"triton.{schedule}.tok_s_median", round(bsz * new_tokens / median, 2), "tok/s (median call)",
-                    setting)
-            sec.add(f"triton.{schedule}.recorded_attention", out.schedule.attention, "", setting)
-            sdpa = sdpa_on.get(schedule)
-            vs = setting + "; against graphs.%s.on (sdpa, same process)" % schedule
-            sec.add(f"triton.{schedule}.triton/sdpa", ratio(sdpa["seconds"], t) if sdpa else None, "x",
-                    vs + "; tokens/s with triton over with sdpa")
-            if sdpa:
-                got = _kept(out)
-                same = ((got["completion_ids"] == sdpa["completion_ids"]).all(dim=1)
-                        & (got["exit_steps"] == sdpa["exit_steps"]).all(dim=1))
-                mask = got["completion_mask"] & sdpa["completion_mask"] & same[:, None]
-                diff = (got["logprobs"] - sdpa["logprobs"]).abs()[mask]
-                sec.add(f"triton.{schedule}.rows_equal_sdpa", int(same.sum()), f"rows of {bsz}",
-                        vs + "; rows whose tokens and exit steps all equal sdpa's (tolerance, not bitwise: sums "
-                        "in another order)")
-                sec.add(f"triton.{schedule}.logprob_max_abs_diff_vs_sdpa",
-                        float(diff.max()) if diff.numel() else None, "nats",
-                        vs + "; largest |log-prob difference| over the completion tokens of the equal rows")
-            del out
-            _, work = rollout_host_work(engine, ids.tolist(), params(schedule), warmup=False)
-            summary = work.summary()
-            for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass",
-                        "uploads_per_pass"):
-                sec.add(f"triton.{schedule}.{key}", round(summary[key], 3), "", setting + host_note)
-            last = time.perf_counter() - start
-            sec.log(f"triton {schedule}: {last:.1f} s in all")
-        if "dense" in times and "deferred" in times:
-            sec.add("triton.deferred/dense", ratio(times["dense"], times["deferred"]), "x",
-                    setting + "; tokens/s deferred over dense, both with triton")
-        sec.add("triton.captures", engine.buckets.captures, "(bucket, step kind) captures, one graph each (the "
-                "whole pass)" if ctx.cuda else "(bucket, step kind) captures (none: no CUDA)", setting)
-        sec.add("triton.graphs_held", sum(len(c.pieces) for b in engine.buckets.buckets.values()
-                                          for c in b.graphs.values()), "graphs", setting)
-        sec.add("triton.replayed_passes", engine.buckets.replays, "passes", setting)
-        if not deadline.allows(8 if ctx.cuda else 0):  # a sampled rollout and its replay: about 1 + 2 s here
-            sec.skip("Triton attention bitwise replay")
-            return
-        replay_setting = (setting + "; a sampled deferred rollout (temperature 1) with triton, replay_logprobs "
-                          "against it (replay follows the recorded attention and this engine's graphs)")
-        sampled = engine.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
-        t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, sampled))
-        got, want = replayed.logprobs.cpu(), sampled.logprobs.cpu()
-        sec.add("triton.replay_bitwise_equal",
-                bool(torch.equal(got, want)
-                     and torch.equal(replayed.tempered_logprobs.cpu(), sampled.tempered_logprobs.cpu())
-                     and torch.equal(replayed.exit_logprobs.cpu(), sampled.exit_logprobs.cpu())), "", replay_setting)
-        sec.add("triton.replay_max_abs_diff", float((got - want).abs().max()), "nats", replay_setting)
-        sec.add("triton.replay_s", round(t_replay, 3), "s", replay_setting)
-    finally:
-        attach(model, None)  # replay and later rollouts of this model no longer follow this engine's passes
+    for schedule in ("deferred", "dense"):  # deferred first: the gap to dense is what the kernel is for
+        if last and not deadline.allows(1.5 * last + 5 if ctx.cuda else 0):
+            sec.skip(f"Triton attention {schedule}")
+            continue
+        start = time.perf_counter()
+        warm_s, _ = ctx.timed(lambda: engine.generate(ids.tolist(), params(schedule)))
+        sec.log(f"triton {schedule}: warm-up {warm_s:.1f} s")
+        calls, out = ctx.timed_calls(lambda: engine.generate(ids.tolist(), params(schedule)), TIMED_CALLS)
+        t, median = spread(calls)
+        times[schedule] = t
+        sec.add(f"triton.{schedule}.warmup_s", round(warm_s, 2), "s (first call: compile, captures, new shapes)",
+                setting)
+        sec.add(f"triton.{schedule}.tok_s", round(bsz * new_tokens / t, 2), "tok/s (fastest call)", setting)
+        sec.add(f"triton.{schedule}.tok_s_median", round(bsz * new_tokens / median, 2), "tok/s (median call)",
+                setting)
+        sec.add(f"triton.{schedule}.recorded_attention", out.schedule.attention, "", setting)
+        sdpa = sdpa_on.get(schedule)
+        vs = setting + "; against graphs.%s.on (sdpa, same process)" % schedule
+        sec.add(f"triton.{schedule}.triton/sdpa", ratio(sdpa["seconds"], t) if sdpa else None, "x",
+                vs + "; tokens/s with triton over with sdpa")
+        if sdpa:
+            got = _kept(out)
+            same = ((got["completion_ids"] == sdpa["completion_ids"]).all(dim=1)
+                    & (got["exit_steps"] == sdpa["exit_steps"]).all(dim=1))
+            mask = got["completion_mask"] & sdpa["completion_mask"] & same[:, None]
+            diff = (got["logprobs"] - sdpa["logprobs"]).abs()[mask]
+            sec.add(f"triton.{schedule}.rows_equal_sdpa", int(same.sum()), f"rows of {bsz}",
+                    vs + "; rows whose tokens and exit steps all equal sdpa's (tolerance, not bitwise: sums "
+                    "in another order)")
+            sec.add(f"triton.{schedule}.logprob_max_abs_diff_vs_sdpa",
+                    float(diff.max()) if diff.numel() else None, "nats",
+                    vs + "; largest |log-prob difference| over the completion tokens of the equal rows")
+        del out
+        _, work = rollout_host_work(engine, ids.tolist(), params(schedule), warmup=False)
+        summary = work.summary()
+        for key in ("operators_per_layer_pass", "launches_per_layer_pass", "syncs_per_pass", "reads_per_pass",
+                    "uploads_per_pass"):
+            sec.add(f"triton.{schedule}.{key}", round(summary[key], 3), "", setting + host_note)
+        last = time.perf_counter() - start
+        sec.log(f"triton {schedule}: {last:.1f} s in all")
+    if "dense" in times and "deferred" in times:
+        sec.add("triton.deferred/dense", ratio(times["dense"], times["deferred"]), "x",
+                setting + "; tokens/s deferred over dense, both with triton")
+    sec.add("triton.captures", engine.buckets.captures, "(bucket, step kind) captures, one graph each (the "
+            "whole pass)" if ctx.cuda else "(bucket, step kind) captures (none: no CUDA)", setting)
+    sec.add("triton.graphs_held", sum(len(c.pieces) for b in engine.buckets.buckets.values()
+                                      for c in b.graphs.values()), "graphs", setting)
+    sec.add("triton.replayed_passes", engine.buckets.replays, "passes", setting)
+    if not deadline.allows(8 if ctx.cuda else 0):  # a sampled rollout and its replay: about 1 + 2 s here
+        sec.skip("Triton attention bitwise replay")
+        return
+    replay_setting = (setting + "; a sampled deferred rollout (temperature 1) with triton, replay_logprobs "
+                      "against it (replay follows the recorded attention and this engine's graphs)")
+    sampled = engine.generate(ids.tolist(), params("deferred", temperature=1.0, seed=3))
+    t_replay, replayed = ctx.timed(lambda: replay_logprobs(model, sampled, engine.buckets))
+    got, want = replayed.logprobs.cpu(), sampled.logprobs.cpu()
+    sec.add("triton.replay_bitwise_equal",
+            bool(torch.equal(got, want)
+                 and torch.equal(replayed.tempered_logprobs.cpu(), sampled.tempered_logprobs.cpu())
+                 and torch.equal(replayed.exit_logprobs.cpu(), sampled.exit_logprobs.cpu())), "", replay_setting)
+    sec.add("triton.replay_max_abs_diff", float((got - want).abs().max()), "nats", replay_setting)
+    sec.add("triton.replay_s", round(t_replay, 3), "s", replay_setting)
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, Callable, Mapping
 
 from rltt.config import recipe_error
+from rltt.rollout.attention import DEFAULT_ATTENTION
 from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SCHEDULES
 
@@ -54,7 +55,7 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
     chunk_rows = _get(rollout, "chunk_rows")  # an int once `rltt train` resolved ``auto`` from its plan
     return NativeEngine(model_or_dir, chunk_rows if isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
                         else None, cuda_graphs=_get(rollout, "cuda_graphs"),
-                        attention=_get(rollout, "attention", "sdpa"))
+                        attention=_get(rollout, "attention", DEFAULT_ATTENTION))
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:

@@ -15,7 +15,7 @@ from rltt.model.model_source import ModelSource
 from rltt.orchestration.engines import ENGINES
 from rltt.orchestration.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
-from rltt.rollout.attention import ATTENTION
+from rltt.rollout.attention import ATTENTION, DEFAULT_ATTENTION
 from rltt.rollout.params import Schedule
 from rltt.sections import (TRAIN_RENAMED, CheckpointSection, DataSection, LoggingSection, ModelPlacement,
                            TrainSection, parsed_exit_policy, path_exists)
@@ -171,7 +171,7 @@ class RolloutSection:
     vllm: VllmSection = field(default_factory=VllmSection)
     chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
     cuda_graphs: bool | None = None  # native engine: bucketed passes replayed as CUDA graphs (null: on with CUDA)
-    attention: Literal[tuple(ATTENTION)] = "sdpa"  # type: ignore[valid-type]  # native engine: sdpa | triton
+    attention: Literal[tuple(ATTENTION)] = DEFAULT_ATTENTION  # type: ignore[valid-type]  # native engine: sdpa | triton
 
     def validate(self) -> None:
         if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):

@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from rltt.planning.shapes import ModelShape
+from rltt.rollout.attention import DEFAULT_ATTENTION
 
 
 #: a bucket's bytes of per-pass inputs for a captured pass, by ``rollout.attention``: the Triton
@@ -55,7 +56,7 @@ CAPTURED_INPUTS = {"sdpa": lambda shape, size: 0, "triton": lambda shape, size: 
 
 
 def bucket_buffer_bytes(shape: ModelShape, dtype_bytes: int, sizes: Iterable[int], capture: bool,
-                        attention: str = "sdpa") -> int:
+                        attention: str = DEFAULT_ATTENTION) -> int:
     """Static buffers of the buckets ``sizes`` (`rltt.rollout.buckets._Bucket`)."""
     sizes = list(sizes)
     d, D, q, kv = shape.hidden, shape.head_dim, shape.q_dim, shape.kv_heads * shape.head_dim
@@ -88,7 +89,7 @@ CAPTURE_WORKSPACE = 32 * 2**20
 
 
 def engine_graphs_bytes(shape: ModelShape, dtype_bytes: int, capture: bool, sizes: Iterable[int] | None = None,
-                        attention: str = "sdpa") -> int:
+                        attention: str = DEFAULT_ATTENTION) -> int:
     """What the bucketed passes keep on the device between rollouts: every bucket of the table (a pass's
     items are not known in advance) — buffers, plus with ``capture`` the graph pool and the capture
     stream's cuBLAS workspace."""

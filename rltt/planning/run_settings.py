@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rltt.rollout.attention import DEFAULT_ATTENTION
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 #: ``train.memory_headroom``'s default (`rltt.orchestration.train_recipe.RLTrainSection`)
 DEFAULT_HEADROOM = 0.10
@@ -68,7 +70,7 @@ class RunSettings:
     vllm_eager: bool = False  # rollout.vllm.enforce_eager as resolved (null: eager on CPU, CUDA graphs on GPU)
     vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
     cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
-    attention: str = "sdpa"  # rollout.attention (a captured triton pass keeps per-bucket inputs)
+    attention: str = DEFAULT_ATTENTION  # rollout.attention (a captured triton pass keeps per-bucket inputs)
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
 
     @classmethod
@@ -90,7 +92,7 @@ class RunSettings:
             vllm_eager=(device == "cpu") if r.vllm.enforce_eager is None else bool(r.vllm.enforce_eager),
             vllm_multiprocess=bool(r.vllm.multiprocess),
             cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
-            attention=getattr(r, "attention", "sdpa"),
+            attention=getattr(r, "attention", DEFAULT_ATTENTION),
             headroom=recipe.train.memory_headroom,
         )
 

@@ -41,21 +41,27 @@ def _triton_missing(device: torch.device) -> str | None:
     return None
 
 
+#: ``rollout.attention``'s default, written once (the recipe, the engine, a schedule record, the plan)
+DEFAULT_ATTENTION = "sdpa"
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
-    """An attention implementation. ``grouped``: the pass plan lays out SDPA groups
-    (`layout_groups`); else it derives each item's cache slot and position. ``attend(cache, plan,
-    scale)``: the pass's ``attend`` callable. ``missing(device)``: why it cannot run there, or None."""
+    """An attention implementation. ``name``: its key in `ATTENTION` (what a `Schedule` records);
+    ``grouped``: the pass plan lays out SDPA groups (`layout_groups`); else it derives each item's
+    cache slot and position. ``attend(cache, plan, scale)``: the pass's ``attend`` callable.
+    ``missing(device)``: why it cannot run there, or None."""
 
+    name: str
     grouped: bool
     attend: Callable
     missing: Callable[[torch.device], str | None]
 
 
 ATTENTION: dict[str, AttentionSpec] = {
-    "sdpa": AttentionSpec(grouped=True, missing=lambda device: None,
+    "sdpa": AttentionSpec("sdpa", grouped=True, missing=lambda device: None,
                           attend=lambda cache, plan, scale: GroupedAttend(cache, plan.groups, plan.write_rows, scale)),
-    "triton": AttentionSpec(grouped=False, missing=_triton_missing,
+    "triton": AttentionSpec("triton", grouped=False, missing=_triton_missing,
                             attend=lambda cache, plan, scale: SlotAttend(cache, plan.write_rows, plan.item_slots,
                                                                          plan.item_pos, scale)),
 }
@@ -73,3 +79,20 @@ def resolve_attention(name: str, device: torch.device | str, key: str = "rollout
     if why is not None:
         raise recipe_error(key, why)
     return spec
+
+
+@dataclass(frozen=True)
+class PassSetup:
+    """How an engine's passes run, resolved once and handed to every executor it makes: its
+    attention implementation and its CUDA-graph buckets (`rltt.rollout.buckets.PassBuckets`; None:
+    every pass unpadded). A replay builds the one its record names (`replay_logprobs`)."""
+
+    attention: AttentionSpec
+    buckets: object | None = None
+
+    @classmethod
+    def of(cls, attention: "str | AttentionSpec" = DEFAULT_ATTENTION, device: torch.device | str = "cpu",
+           buckets=None) -> "PassSetup":
+        """``attention`` resolved for ``device`` (a one-line recipe error when it cannot run there)."""
+        spec = attention if isinstance(attention, AttentionSpec) else resolve_attention(attention, device)
+        return cls(spec, buckets)

@@ -52,7 +52,6 @@ address changed (``load_state_dict(assign=True)``, ``.to()``).
 
 from __future__ import annotations
 
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -468,22 +467,6 @@ class CudaGraphs:
         with torch.cuda.stream(self.stream):
             yield
         current.wait_stream(self.stream)
-
-
-_ATTACHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def attach(model, buckets: PassBuckets | None) -> None:
-    """The bucketed passes the engine using ``model`` runs (None: unbucketed): `replay_logprobs`
-    follows them, so a replay re-executes the passes as they ran."""
-    if buckets is None:
-        _ATTACHED.pop(model, None)
-    else:
-        _ATTACHED[model] = buckets
-
-
-def attached(model) -> PassBuckets | None:
-    return _ATTACHED.get(model)
 
 
 def pass_buckets(model, cuda_graphs: bool | None, buckets: bool | None = None) -> PassBuckets | None:

@@ -13,6 +13,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.attention import PassSetup
 from rltt.rollout.rows import Row
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.host_work import end_passes, host_list, mark_pass
@@ -52,12 +53,12 @@ class _ChunkRun:
 
 
 def run_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
-              random: RowRandom, stops: set[int], attention: str = "sdpa") -> _ChunkRun:
+              random: RowRandom, stops: set[int], setup: PassSetup | None = None) -> _ChunkRun:
     """Run one batch of whole prompts to the end (``random``: its rows' draws). Its `PassExecutor` —
     the KV cache — holds ``len(prompts) · n`` rows of the chunk's longest prompt plus the longest
-    completion a row can reach (`kv_positions`), and goes when this returns. ``attention``: the
-    passes' attention implementation (`rltt.rollout.attention`)."""
-    state, prefill = open_chunk(model, prompts, params, policy, random, attention=attention)
+    completion a row can reach (`kv_positions`), and goes when this returns. ``setup``: how the
+    passes run (the engine's attention and buckets, `rltt.rollout.attention.PassSetup`)."""
+    state, prefill = open_chunk(model, prompts, params, policy, random, setup=setup)
     return decode_chunk(state, params, stops, [params.max_new_tokens] * state.executor.num_rows, prefill)
 
 
@@ -81,7 +82,7 @@ class ChunkState:
 
 def open_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: SamplingParams, policy: ExitPolicy,
                random: RowRandom, width: int | None = None,
-               attention: str = "sdpa") -> tuple[ChunkState, list[PassRecord]]:
+               setup: PassSetup | None = None) -> tuple[ChunkState, list[PassRecord]]:
     """A chunk of ``len(prompts) · n`` rows ready to decode, and the passes of its shared prefill.
     The executor holds the longest prompt plus ``width`` completion positions per row (None: the
     longest completion ``params`` let a row reach, `kv_positions`), at most the model's positions."""
@@ -93,7 +94,7 @@ def open_chunk(model: LoopedForCausalLM, prompts: list[list[int]], params: Sampl
     max_positions = cfg.max_position_embeddings
     positions = (kv_positions(max(lengths), params, max_positions) if width is None
                  else min(max(lengths) + width, max_positions + 1))
-    executor = PassExecutor(model, num_rows, positions, attention)
+    executor = PassExecutor(model, num_rows, positions, setup)
     for r, i in enumerate(prompt_index):
         executor.tokens[r, : lengths[r]] = torch.tensor(prompts[i])
     sched = Scheduler(params.schedule, T, lengths)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rltt.errors import RlttError
-from rltt.rollout.buckets import attach
 from rltt.rollout.rows import rows_batch
 from rltt.rollout.chunk_decode import ChunkState, check_prompts, decode_chunk, open_chunk
 from rltt.rollout.params import SamplingParams, stop_token_set
@@ -64,7 +63,6 @@ def native_turns(engine: "NativeEngine", prompts: list[list[int]], params: Sampl
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RlttError(f"open_turns: max_tokens must be an int >= 1, got {max_tokens!r}")
     policy = model.exit_policy(params.exit_policy)
-    attach(model, engine.buckets)  # the engine's passes (bucketed or not), as `NativeEngine.generate` runs them
     seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
     n = params.n
     random = RowRandom(seed, model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
@@ -85,6 +83,7 @@ class ContinuedTurns(TurnSession):
     def __init__(self, engine: "NativeEngine", prompts: list[list[int]], params: SamplingParams, policy,
                  random: RowRandom, stops: set[int], width: int, first_prompt: int, n: int):
         self.model = engine.model
+        self.setup = engine.setup  # the engine's passes (attention, buckets), as `NativeEngine.generate` runs them
         self.attention = engine.attention
         self.prompts, self.params, self.policy, self.stops, self.width = prompts, params, policy, stops, width
         # keys of its own: a later turn replaces a row's key in place
@@ -109,7 +108,7 @@ class ContinuedTurns(TurnSession):
         start = time.perf_counter()
         params = self.params
         self.state, prefill = open_chunk(self.model, self.prompts, params, self.policy, self.random, self.width,
-                                         attention=self.attention)
+                                         setup=self.setup)
         run = decode_chunk(self.state, params, self.stops, [params.max_new_tokens] * self.num_rows, prefill)
         self.passes += run.schedule.passes
         index = [i for i in range(len(self.prompts)) for _ in range(params.n)]

@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.buckets import attached
-from rltt.rollout.attention import resolve_attention
+from rltt.rollout.attention import PassSetup
 from rltt.rollout.kv_cache import (GroupedAttend, SlotGroup, StepKVCache, layout_groups, upload,
                                    without_cudnn_attention)
 
@@ -71,11 +70,12 @@ class PassExecutor:
     - ``carry`` (R, max_len, d) model dtype: each token's carried state.
     - ``gates`` (T, R, max_len) fp32: λ_t of every computed entry, NaN elsewhere.
 
-    ``attention``: the attention implementation of its passes (`rltt.rollout.attention.ATTENTION`:
-    ``sdpa``, ``triton``); a replay uses the rollout's (`Schedule.attention`).
+    ``setup``: how its passes run (`rltt.rollout.attention.PassSetup`: the attention implementation,
+    ``sdpa`` or ``triton``, and the engine's CUDA-graph buckets); None: the default attention,
+    unbucketed. A replay uses the rollout's attention (`Schedule.attention`) and the engine's buckets.
     """
 
-    def __init__(self, model: LoopedForCausalLM, num_rows: int, max_len: int, attention: str = "sdpa"):
+    def __init__(self, model: LoopedForCausalLM, num_rows: int, max_len: int, setup: PassSetup | None = None):
         cfg = model.config
         param = model.lm_head.weight
         self.model, self.inner = model, model.model
@@ -84,8 +84,10 @@ class PassExecutor:
         self.num_loops = cfg.num_loops
         self.n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
         self.scale = cfg.head_dim**-0.5
-        self.attention = attention
-        self._attention = resolve_attention(attention, self.device)
+        setup = setup if setup is not None else PassSetup.of(device=self.device)
+        self.setup = setup
+        self.attention = setup.attention.name  # what a `Schedule` records
+        self._attention = setup.attention
         self.cache = StepKVCache(cfg.num_hidden_layers, cfg.num_loops, num_rows, cfg.num_key_value_heads,
                                  max_len, cfg.head_dim, self.dtype, self.device)
         self.tokens = torch.zeros(num_rows, max_len, dtype=torch.long, device=self.device)
@@ -95,9 +97,9 @@ class PassExecutor:
         self.cos, self.sin = self.inner.rotary_emb(positions, self.dtype)  # (max_len, 1, D), once
         self._plan: _PassPlan | None = None
         self._ran: _PassPlan | None = None  # the last pass's plan
-        # the bucketed passes of the engine that last sampled with this model (`rltt.rollout.buckets`;
-        # a replay runs its passes as they ran); None: every pass unpadded
-        self.buckets = attached(model)
+        # the engine's bucketed passes (`rltt.rollout.buckets`; a replay given them runs its passes as
+        # they ran); None: every pass unpadded
+        self.buckets = setup.buckets
         if self.buckets is not None:
             self.buckets.prepare()
 

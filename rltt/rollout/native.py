@@ -24,8 +24,8 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.model.modeling import LoopedForCausalLM
-from rltt.rollout.attention import resolve_attention
-from rltt.rollout.buckets import attach, pass_buckets
+from rltt.rollout.attention import DEFAULT_ATTENTION, PassSetup
+from rltt.rollout.buckets import pass_buckets
 from rltt.rollout.chunk_decode import check_prompts, run_chunk
 from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.continuation import native_turns
@@ -54,12 +54,14 @@ class NativeEngine(RolloutEngine):
     ``attention`` (``rollout.attention``): ``sdpa`` (default) or ``triton`` — one Triton launch per
     layer reading the cache slots in place (`rltt.rollout.attention`); recorded in each batch's
     `Schedule.attention`, which `replay_logprobs` follows. Needs Triton, and CUDA or Triton's interpreter.
+    Both are resolved once, here, into the engine's `PassSetup` (``setup``), which every executor
+    it makes receives; a replay that should run the passes as they ran takes ``setup.buckets``.
     """
 
     replayable = True
 
     def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None, cuda_graphs: bool | None = None,
-                 buckets: bool | None = None, attention: str = "sdpa"):
+                 buckets: bool | None = None, attention: str = DEFAULT_ATTENTION):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
@@ -69,9 +71,24 @@ class NativeEngine(RolloutEngine):
         self.chunk_rows = chunk_rows
         self.weights_version = 0
         self.extra_weights: dict[str, torch.Tensor] = {}
-        self.buckets = pass_buckets(model, cuda_graphs, buckets)
-        resolve_attention(attention, model.lm_head.weight.device)  # a one-line error now, not at the first pass
-        self.attention = attention
+        # a one-line error now, not at the first pass
+        self.setup = PassSetup.of(attention, model.lm_head.weight.device, pass_buckets(model, cuda_graphs, buckets))
+
+    @property
+    def buckets(self):
+        """The engine's bucketed passes (`rltt.rollout.buckets.PassBuckets`), None when unbucketed."""
+        return self.setup.buckets
+
+    @buckets.setter
+    def buckets(self, buckets) -> None:
+        """Another set of buckets (a capture emulated on CPU, `rltt.rollout.graph_emulation`): every later
+        executor of this engine runs its passes through them."""
+        self.setup = replace(self.setup, buckets=buckets)
+
+    @property
+    def attention(self) -> str:
+        """The name of the engine's attention implementation (``rollout.attention``)."""
+        return self.setup.attention.name
 
     @torch.no_grad()
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -107,7 +124,6 @@ class NativeEngine(RolloutEngine):
         chunked or not (what a chunk changes is the rounding of a smaller batch, docs/design.md
         §2.7), and the merged record replays chunk by chunk."""
         start_time = time.perf_counter()
-        attach(self.model, self.buckets)  # this engine's passes; a replay with the model follows them
         cfg = self.model.config
         T = cfg.num_loops
         params.validate(T, cfg.vocab_size)
@@ -123,7 +139,7 @@ class NativeEngine(RolloutEngine):
         schedules, stats, sizes = [], [], []
         for first, end in self.chunks(len(prompts), n):  # each chunk's executor is freed when it returns
             chunk = run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
-                               stops, self.attention)
+                               stops, self.setup)
             rows += chunk.rows
             schedules.append(chunk.schedule)
             stats.append(chunk.stats)

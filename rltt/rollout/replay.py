@@ -19,6 +19,7 @@ import torch
 from rltt.errors import RlttError
 from rltt.model.exits import exit_logprob
 from rltt.model.modeling import LoopedForCausalLM
+from rltt.rollout.attention import PassSetup
 from rltt.rollout.rollout_batch import RolloutBatch
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.sampler import logprobs_of
@@ -37,8 +38,11 @@ class ReplayLogprobs:
 
 
 @torch.no_grad()
-def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogprobs:
-    """Re-execute ``batch.schedule`` with ``model`` and return the sampling log-probs it gives."""
+def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, buckets=None) -> ReplayLogprobs:
+    """Re-execute ``batch.schedule`` with ``model`` and return the sampling log-probs it gives, with
+    the attention implementation the rollout recorded (resolved once here) and ``buckets`` — the
+    sampling engine's CUDA-graph buckets (``engine.buckets``) to re-run bucketed passes as they ran;
+    None: unpadded passes (the same values where bucketed = unbucketed holds)."""
     cfg = model.config
     if not batch.schedule.replayable:
         raise RlttError("replay: a vLLM rollout has no pass record to replay (vLLM batches requests its own way); "
@@ -52,13 +56,16 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch) -> ReplayLogp
         spans = batch.schedule.chunk_spans(batch.num_rows)
     except ValueError as e:
         raise RlttError(f"replay: {e}") from None
+    # the rollout's attention implementation: another one rounds differently
+    setup = PassSetup.of(batch.schedule.attention, model.lm_head.weight.device, buckets)
     for first, end, pass_first, pass_end in spans:
-        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered, gates)
+        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered, gates,
+                      setup)
     return ReplayLogprobs(raw, tempered, exit_logprob(gates, batch.exit_steps, batch.action_mask).cpu())
 
 
 def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
-                  raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor) -> None:
+                  raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor, setup: PassSetup) -> None:
     """Re-execute the passes of the chunk of rows ``first..end-1`` on an executor of those rows
     alone (the batch composition they were sampled with; the record numbers them from ``first``),
     writing their log-probs into ``raw`` / ``tempered`` and the gates of their completion tokens'
@@ -67,8 +74,7 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
         return
     lengths = batch.prompt_lengths[first:end]
     width = max(1, int(batch.completion_lengths[first:end].max()))
-    # the rollout's attention implementation: another one rounds differently
-    executor = PassExecutor(model, end - first, int(lengths.max()) + width, batch.schedule.attention)
+    executor = PassExecutor(model, end - first, int(lengths.max()) + width, setup)
     for r in range(first, end):
         seq = batch.sequence(r)
         executor.tokens[r - first, : len(seq)] = torch.tensor(seq)

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from rltt.model.exits import exit_logprob
+from rltt.rollout.attention import DEFAULT_ATTENTION
 from rltt.rollout.params import SamplingParams
 
 
@@ -88,7 +89,7 @@ class Schedule:
     passes: list[PassRecord] = field(default_factory=list)
     replayable: bool = False
     chunks: list[tuple[int, int]] | None = None
-    attention: str = "sdpa"
+    attention: str = DEFAULT_ATTENTION
 
     def chunk_sizes(self, num_rows: int) -> list[tuple[int, int]]:
         """``(rows, passes)`` per chunk; one chunk of every row and pass when ``chunks`` is None."""
@@ -127,7 +128,7 @@ class Schedule:
         self.kind = state["kind"]
         self.replayable = state["replayable"]
         self.chunks = state.get("chunks")
-        self.attention = state.get("attention", "sdpa")
+        self.attention = state.get("attention", DEFAULT_ATTENTION)
         if isinstance(state["passes"], list):
             self.passes = state["passes"]
             return

@@ -10,7 +10,8 @@ import torch
 
 from rltt.errors import RlttError
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
-from rltt.rollout.buckets import (BUCKETS, PaddingCheck, PassBuckets, _checked_counts, attach, bucket_of,
+from rltt.rollout.attention import PassSetup
+from rltt.rollout.buckets import (BUCKETS, PaddingCheck, PassBuckets, _checked_counts, bucket_of,
                                   resolve_cuda_graphs, tail_free)
 from rltt.rollout.executor import PassExecutor
 
@@ -101,13 +102,14 @@ def test_replay_of_a_bucketed_rollout_is_bitwise(dtype, schedule):
     engine = NativeEngine(model, chunk_rows=12, buckets=True)
     batch = engine.generate(prompts([3, 5, 2], seed=1), params)
     replays = engine.buckets.eager
-    replayed = replay_logprobs(model, batch)  # follows the engine that sampled: bucketed passes
+    replayed = replay_logprobs(model, batch, engine.buckets)  # the engine's buckets: bucketed passes
     assert engine.buckets.eager > replays
     assert torch.equal(replayed.logprobs, batch.logprobs)
     assert torch.equal(replayed.tempered_logprobs, batch.tempered_logprobs)
     assert torch.equal(replayed.exit_logprobs, batch.exit_logprobs)
-    attach(model, None)  # and the unbucketed passes replay it bit for bit too (CPU)
+    eager = engine.buckets.eager  # and the unbucketed passes replay it bit for bit too (CPU)
     assert torch.equal(replay_logprobs(model, batch).logprobs, batch.logprobs)
+    assert engine.buckets.eager == eager  # without the buckets given, a replay does not touch them
 
 
 @pytest.mark.parametrize("dtype,schedule", [(torch.float32, "dense"), (torch.bfloat16, "deferred")])
@@ -149,15 +151,13 @@ def test_padded_items_write_nothing():
              ([0, 2, 1, 3, 4], [4, 3, 0, 0, 2], [4, 3, 4, 5, 2], [1, 1, 3, 3, 3])]
     states = []
     for buckets in (None, PassBuckets(model, capture=False)):
-        attach(model, buckets)
-        executor = PassExecutor(model, 5, 8)
+        executor = PassExecutor(model, 5, 8, PassSetup.of(buckets=buckets))
         executor.tokens.copy_(torch.randint(1, 60, (5, 8), generator=torch.Generator().manual_seed(0)))
         outs = [executor.run(*plan)[:2] for plan in plans]
         states.append([t.clone() for o in outs for t in o] + executor.cache.keys + executor.cache.values
                       + [executor.carry, executor.gates.nan_to_num(-1.0)])
         if buckets is not None:
             assert buckets.eager == len(plans) and sorted(buckets.buckets) == [16, 24]
-    attach(model, None)
     assert _equal(states[0], states[1])
 
 
@@ -245,7 +245,7 @@ def test_captured_passes_replay_bit_for_bit(dtype, schedule, policy):
     assert engine.buckets.replays > captured > 0 and engine.buckets.eager == 0  # replays, not eager passes
     pieces = next(iter(next(iter(engine.buckets.buckets.values())).graphs.values())).pieces
     assert len(pieces) == model.config.num_hidden_layers + 1  # cut at each attention call
-    replayed = replay_logprobs(model, got)
+    replayed = replay_logprobs(model, got, engine.buckets)
     assert torch.equal(replayed.logprobs, got.logprobs) and torch.equal(replayed.exit_logprobs, got.exit_logprobs)
 
 
@@ -351,7 +351,7 @@ def _replays_bitwise(model, engine, batch) -> None:
     """`replay_logprobs` of a captured rollout: every pass replayed through the engine's buckets again,
     the rollout's log-probs bit for bit."""
     before = engine.buckets.replays
-    replayed = replay_logprobs(model, batch)
+    replayed = replay_logprobs(model, batch, engine.buckets)
     assert engine.buckets.replays - before == len(batch.schedule.passes) and engine.buckets.eager == 0
     assert torch.equal(replayed.logprobs, batch.logprobs)
     assert torch.equal(replayed.tempered_logprobs, batch.tempered_logprobs)

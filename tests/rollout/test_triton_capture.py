@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from rltt.rollout import NativeEngine, SamplingParams, replay_logprobs
-from rltt.rollout.buckets import WHOLE, PassBuckets, attach
+from rltt.rollout.attention import PassSetup
+from rltt.rollout.buckets import WHOLE, PassBuckets
 from rltt.rollout.executor import PassExecutor
 
 from .helpers import fields_equal as _equal, prompts, rollout_fields as _fields, tiny_model
@@ -50,7 +51,7 @@ def test_a_captured_triton_pass_is_one_graph_equal_to_the_eager_bucketed_pass(in
     assert all(len(c.pieces) == 1 for c in captured)  # the whole pass, attention included: one graph
     assert len(buckets.graphs.made) == buckets.captures == len(captured)
     assert buckets.replays > buckets.captures and buckets.eager == 0
-    replayed = replay_logprobs(model, got)  # follows the engine's buckets: the same graphs, a new cache
+    replayed = replay_logprobs(model, got, buckets)  # the engine's buckets: the same graphs, a new cache
     assert torch.equal(replayed.logprobs, got.logprobs) and torch.equal(replayed.exit_logprobs, got.exit_logprobs)
     assert len(buckets.graphs.made) == buckets.captures  # the replay captured nothing
 
@@ -91,11 +92,7 @@ def test_padded_items_write_nothing(interpreter):
     runs = {}
     for capture in (False, True):
         buckets = PassBuckets(model, capture=capture, graphs=EmulatedGraphs() if capture else None)
-        attach(model, buckets)
-        try:
-            ex = PassExecutor(model, rows, max_len, attention="triton")
-        finally:
-            attach(model, None)
+        ex = PassExecutor(model, rows, max_len, PassSetup.of("triton", "cpu", buckets))
         gen = torch.Generator().manual_seed(0)
         for t in ex.cache.keys + ex.cache.values:  # every cell non-zero and distinct
             t.copy_(torch.randn(t.shape, generator=gen))
