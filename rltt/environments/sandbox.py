@@ -42,6 +42,7 @@ import ast
 import codecs
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -669,7 +670,7 @@ def _bwrap_args(bwrap: str, site_packages: bool, seccomp_fd: int | None) -> list
     interpreter starts."""
     args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            "--die-with-parent", "--cap-drop", "ALL"]  # (a session of its own: Popen start_new_session)
     bound: list[str] = []
 
     def ro(path: str) -> None:
@@ -812,6 +813,14 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
                     elif len(status_bytes) < 65536:
                         status_bytes += data
     finally:
+        status = _parse_status(bytes(status_bytes))
+        # Confined, the interpreter's exit status reaches us through bubblewrap only after the
+        # namespaces are torn down (tens of ms: the mount namespace waits for an RCU grace period).
+        # With a status record the outcome is known: bubblewrap is killed at once (its init dies
+        # with it, and the kernel kills what is left in the PID namespace). Without one (a crash,
+        # os._exit), wait for the status that says how it ended.
+        if confined and not timed_out and status is None:
+            _wait_exit(proc.pid, max(0.05, min(1.0, deadline - time.monotonic())))
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
         except (ProcessLookupError, PermissionError):
@@ -822,9 +831,10 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
         os.close(status_r)
     capture.feed(b"", final=True)
     exit_code = proc.returncode
-    if confined and exit_code > 128:  # bubblewrap passes a signal's death on as 128 + the signal
+    if confined and status is not None and not timed_out:
+        exit_code = 0  # (bubblewrap was killed once the record was in; the record says how it ended)
+    elif confined and exit_code > 128:  # bubblewrap passes a signal's death on as 128 + the signal
         exit_code = -(exit_code - 128)
-    status = _parse_status(bytes(status_bytes))
     if confined and not status_bytes and exit_code == 1 and capture.head.startswith("bwrap: "):
         kind, message = "sandbox", f"bubblewrap could not set up the call: {capture.head.splitlines()[0][7:]}"
     elif status is None and status_bytes and not timed_out:
@@ -835,6 +845,18 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
     output = _finish(capture, "", kind, message, output_chars)
     network, landlock, disk = (status[2], status[4], status[5]) if status is not None else ("unknown", 0, -1)
     return SandboxRun(output, kind, time.monotonic() - start, exit_code, network, landlock, confined, disk)
+
+
+def _wait_exit(pid: int, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for process ``pid`` to end, without reaping it."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
 
 
 def _parse_status(data: bytes) -> tuple | None:
