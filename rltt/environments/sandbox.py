@@ -663,6 +663,12 @@ def _interpreter(site_packages: bool) -> str:
 
 
 def _bwrap_args(bwrap: str, site_packages: bool, seccomp_fd: int | None) -> list[str]:
+    """bubblewrap's command line (`_view_args`) with the seccomp program read from ``seccomp_fd``."""
+    return [*_view_args(bwrap, site_packages), *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])]
+
+
+@lru_cache(maxsize=None)
+def _view_args(bwrap: str, site_packages: bool) -> tuple[str, ...]:
     """bubblewrap's command line: new user (uid `SANDBOX_UID`, no capabilities), PID, mount,
     network, IPC, UTS and cgroup namespaces; a read-only root holding only the interpreter, its
     libraries and a few devices; a fresh ``/proc``; an empty ``/tmp``; the scratch folder
@@ -698,9 +704,7 @@ def _bwrap_args(bwrap: str, site_packages: bool, seccomp_fd: int | None) -> list
             args.extend(["--dev-bind", device, device])
     args.extend(["--proc", "/proc", "--dir", "/tmp", "--size", str(SCRATCH_MB << 20), "--tmpfs", CONFINED_SCRATCH,
                  "--chdir", CONFINED_SCRATCH, "--remount-ro", "/"])
-    if seccomp_fd is not None:
-        args.extend(["--seccomp", str(seccomp_fd)])
-    return args
+    return tuple(args)
 
 
 def _filter_fd() -> int | None:
