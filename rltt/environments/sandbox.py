@@ -143,6 +143,11 @@ def _main():
                 disk = (st.f_blocks - st.f_bfree) * st.f_frsize
             except OSError:
                 pass
+        for stream in (sys.stdout, sys.stderr):  # all output is in the pipe before the record
+            try:
+                stream.flush()
+            except Exception:
+                pass
         status.write(repr((kind, message, network, violations[:1], landlock, disk)))
         status.flush()
 
@@ -816,6 +821,13 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
                         capture.feed(data)
                     elif len(status_bytes) < 65536:
                         status_bytes += data
+                        # Confined, bubblewrap's own processes hold the pipes open until the
+                        # namespaces are torn down (tens of ms): once the record is in, the output
+                        # is in the stdout pipe already (the child flushes before it reports)
+                        if confined and _parse_status(bytes(status_bytes)) is not None:
+                            _drain(proc.stdout.fileno(), capture)
+                            open_streams = 0
+                            break
     finally:
         status = _parse_status(bytes(status_bytes))
         # Confined, the interpreter's exit status reaches us through bubblewrap only after the
@@ -849,6 +861,16 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
     output = _finish(capture, "", kind, message, output_chars)
     network, landlock, disk = (status[2], status[4], status[5]) if status is not None else ("unknown", 0, -1)
     return SandboxRun(output, kind, time.monotonic() - start, exit_code, network, landlock, confined, disk)
+
+
+def _drain(fd: int, capture: _Capture) -> None:
+    """Feed ``capture`` what the pipe ``fd`` holds now, without waiting for more."""
+    os.set_blocking(fd, False)
+    try:
+        while data := os.read(fd, 65536):
+            capture.feed(data)
+    except (BlockingIOError, OSError):
+        pass
 
 
 def _wait_exit(pid: int, timeout_s: float) -> None:
