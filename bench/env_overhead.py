@@ -13,7 +13,8 @@ which other jobs on a shared machine inflate much less than the wall clock:
   host allows it — against ``exec`` of the same code in this process with its stdout captured;
   the same call without bubblewrap (``run_python(..., _namespaces=False)``: the sandbox as it was
   before the kernel layers, the audit hook, rlimits, ``unshare`` and Landlock) is the baseline the
-  kernel layers' cost is a ratio against; the bare start of the same interpreter (``python -I -S
+  kernel layers' cost is a ratio against (the CPU column misses a confined call's interpreter: it
+  runs under bubblewrap's init, which is killed, not reaped through this process); the bare start of the same interpreter (``python -I -S
   -c pass``) says how much of the overhead is process start-up and how much the sandbox's own set-up;
 - calculator: ``run_tool("calculator", EXPR)`` (ast whitelist, exact, bounded; in-process)
   against ``eval`` of the same expression;
