@@ -243,3 +243,22 @@ def test_a_confined_crash_and_cpu_limit_keep_their_kinds():
     assert run_python("import faulthandler\nfaulthandler._sigsegv()").error == "crash"
     assert run_python("while True:\n    pass", cpu_s=1, timeout_s=10).error == "cpu"
     assert sys.executable  # (the interpreter the calls ran is this one's real file)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("seccomp", [True, False], ids=["all-layers", "namespaces-alone"])
+def test_the_callers_files_secrets_and_process_are_out_of_reach(tmp_path, monkeypatch, seccomp):
+    monkeypatch.setenv("RLTT_TEST_SECRET_TOKEN", "hunter2")
+    secret, outside = tmp_path / "secret.txt", tmp_path / "written.txt"
+    secret.write_text("the answer is 42")
+    probes = [f"open({str(outside)!r}, 'w').write('x')", f"print(open({str(secret)!r}).read())",
+              f"print(open('/proc/{os.getpid()}/environ').read())", f"os.kill({os.getpid()}, 0)",
+              "print(os.environ.get('RLTT_TEST_SECRET_TOKEN'))"]  # (this process's pid: not in the namespace)
+    code = "import os\n" + "".join(f"try:\n    {p}\n    print('reached {i}')\nexcept OSError as e:\n"
+                                    f"    print('refused {i}', type(e).__name__)\n" for i, p in enumerate(probes))
+    run = run_python(code, _audit_hook=False, _seccomp=seccomp)
+    assert run.confined and run.error is None, run
+    assert not outside.exists() and "42" not in run.output and "hunter2" not in run.output
+    lines = run.output.splitlines()
+    assert [line.split()[0] for line in lines[:4]] == ["refused"] * 4, run.output
+    assert lines[4] == "None"
