@@ -649,9 +649,10 @@ _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib", "/lib64", "/
 _SYSTEM_FILES = ("/usr/share/zoneinfo", "/etc/ld.so.cache", "/etc/localtime")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: What to install when bubblewrap is missing (the refusal says it).
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
-                "and allow unprivileged user namespaces (in Docker: --security-opt seccomp=unconfined or a "
-                "profile that permits clone/unshare with CLONE_NEWUSER)")
+INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: apt-get install bubblewrap libseccomp2; "
+                "Fedora: dnf install bubblewrap libseccomp; or scripts/install_system_deps.sh as root) and allow "
+                "unprivileged user namespaces (in Docker: options like --security-opt seccomp=unconfined "
+                "--security-opt systempaths=unconfined)")
 
 
 def bwrap_path() -> str | None:
