@@ -9,9 +9,13 @@ limits) and of the CPU time the call used in this process and its children (``ge
 which other jobs on a shared machine inflate much less than the wall clock:
 
 - python tool: ``run_tool("python", CODE)`` — a fresh sandboxed interpreter per call
-  (rltt/environments/sandbox.py) — against ``exec`` of the same code in this process with its
-  stdout captured; the bare start of the same interpreter (``python -I -S -c pass``) says how
-  much of the overhead is process start-up and how much the sandbox's own set-up;
+  (rltt/environments/sandbox.py), in bubblewrap's namespaces under the seccomp filter where the
+  host allows it — against ``exec`` of the same code in this process with its stdout captured;
+  the same call without bubblewrap (``run_python(..., _namespaces=False)``: the sandbox as it was
+  before the kernel layers, the audit hook, rlimits, ``unshare`` and Landlock) is the baseline the
+  kernel layers' cost is a ratio against (the CPU column misses a confined call's interpreter: it
+  runs under bubblewrap's init, which is killed, not reaped through this process); the bare start of the same interpreter (``python -I -S
+  -c pass``) says how much of the overhead is process start-up and how much the sandbox's own set-up;
 - calculator: ``run_tool("calculator", EXPR)`` (ast whitelist, exact, bounded; in-process)
   against ``eval`` of the same expression;
 - environment turn: one turn of ``--rows`` episodes — the batch of `Environment.step` calls the
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rltt.environments.annotation_env import AnnotationEnvironment  # noqa: E402
 from rltt.environments.env_pool import EnvPool, InProcessEnv  # noqa: E402
-from rltt.environments.sandbox import isolation  # noqa: E402
+from rltt.environments.sandbox import isolation, run_python  # noqa: E402
 from rltt.environments.tool_env import ToolEnvironment  # noqa: E402
 from rltt.environments.tools import ToolLimits, run_tool  # noqa: E402
 from rltt.runtime.worker_pool import default_workers  # noqa: E402
@@ -93,6 +97,7 @@ def main(argv=None) -> None:
     assert calc.error is None and calc.output.split(" ≈ ")[0] == str(eval(CALC_EVAL)), calc  # noqa: S307
 
     rows = {"python tool (sandboxed)": lambda: run_tool("python", PY_CODE, limits),
+            "python tool without bubblewrap (before)": lambda: run_python(PY_CODE, _namespaces=False),
             "python in-process (exec)": lambda: _in_process(PY_CODE),
             "bare interpreter start (-I -S -c pass)": _bare_start,
             "calculator tool": lambda: run_tool("calculator", CALC_EXPR, limits),
@@ -130,10 +135,15 @@ def main(argv=None) -> None:
         print(f"| {name} | {med[name]:.3f} | {q[0]:.3f}–{q[-1]:.3f} | {med_cpu[name]:.3f} |")
     py_over = med["python tool (sandboxed)"] - med["python in-process (exec)"]
     setup = med["python tool (sandboxed)"] - med["bare interpreter start (-I -S -c pass)"]
+    before_over = med["python tool without bubblewrap (before)"] - med["python in-process (exec)"]
     calc_over = med["calculator tool"] - med["calculator in-process (eval)"]
     py_cpu = med_cpu["python tool (sandboxed)"] - med_cpu["python in-process (exec)"]
     print(f"\npython tool: isolation overhead {py_over:.1f} ms per call (of it the interpreter's start "
           f"{med['bare interpreter start (-I -S -c pass)']:.1f} ms, the sandbox's set-up and the rest {setup:.1f} ms)")
+    print(f"python tool: the kernel layers (bubblewrap, seccomp) cost {py_over - before_over:.1f} ms per call: "
+          f"overhead {py_over / max(before_over, 1e-9):.2f}x the sandbox's without them ({before_over:.1f} ms); "
+          f"calls per second {1e3 / med['python tool (sandboxed)']:.1f} against "
+          f"{1e3 / med['python tool without bubblewrap (before)']:.1f}")
     print(f"python tool: CPU time per call {py_cpu:.1f} ms more than in-process (bare start "
           f"{med_cpu['bare interpreter start (-I -S -c pass)']:.1f} ms)")
     print(f"calculator: overhead {calc_over * 1e3:.0f} µs per call against eval "

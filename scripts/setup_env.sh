@@ -30,6 +30,8 @@ if [ ! -f "$STAMP" ]; then
   fi
   touch "$STAMP"
 fi
+# bubblewrap + libseccomp for the python tool's sandbox: installed when root, else one line on what to install
+bash "$ROOT/scripts/install_system_deps.sh" || true
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/rltt/torch_extensions}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"

@@ -31,6 +31,16 @@ class ToolLimitsSection:
 
 
 @dataclass
+class PythonToolSection:
+    """``env.python``: the ``python`` tool's sandbox. ``unconfined: true`` runs tool code even where
+    the kernel layers (bubblewrap's namespaces and the seccomp filter) do not apply — only the
+    audit hook, the resource limits and Landlock (where present) remain. Without it, a run with
+    the python tool on such a machine stops at start naming the missing layer (docs/tools.md)."""
+
+    unconfined: bool = False
+
+
+@dataclass
 class EnvSection:
     """``env.name``: ``none`` (single-turn: the model answers once) or a key of the environment
     table (``tools``: a model turn may call one of ``env.tools``; the episode ends at a turn
@@ -39,7 +49,7 @@ class EnvSection:
     by ``rollout.max_new_tokens``); an episode that runs out of either ends *truncated*.
     ``stop_strings``: where a model turn ends besides EOS (null: the environment's own — ``tools``:
     the tool-call close tag ``</tool>``; ``annotations``: ``=``).
-    ``limits``: per tool call.
+    ``limits``: per tool call. ``python``: the python tool's sandbox (``env.python.unconfined``).
 
     ``isolated``: the environment's own calls (``start``, ``step``, ``answer``) run in ``workers``
     worker processes (null: half the CPUs, 1 to 4), each call within ``timeout_s`` seconds and each
@@ -52,6 +62,7 @@ class EnvSection:
     max_tokens: PositiveInt = 512
     stop_strings: list[str] | None = None  # null: the environment's own (tools: the call's close tag)
     limits: ToolLimitsSection = field(default_factory=ToolLimitsSection)
+    python: PythonToolSection = field(default_factory=PythonToolSection)
     isolated: bool = True  # start/step/answer in worker processes (false: in the trainer's process)
     workers: PositiveInt | None = None  # isolated: worker processes (null: half the CPUs, 1 to 4)
     timeout_s: PositiveFloat = 30.0  # isolated: seconds one environment call may take (a tool call included)

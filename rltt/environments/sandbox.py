@@ -42,6 +42,7 @@ import ast
 import codecs
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -51,6 +52,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+
+from rltt.environments import syscall_filter
 
 #: The kinds of failure a sandboxed call reports (``SandboxRun.error``), with what each means.
 ERRORS = {
@@ -79,7 +82,8 @@ _CHILD = r'''
 import os, sys
 def _main():
     status_fd, cpu_s, memory_mb, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
-    scratch, want_netns, want_landlock, hook_on = sys.argv[6], *(a == "1" for a in sys.argv[7:10])
+    scratch, net_mode, want_landlock, hook_on = sys.argv[6], sys.argv[7], *(a == "1" for a in sys.argv[8:10])
+    confined = sys.argv[10] == "1"  # in bubblewrap's namespaces: the scratch folder is a tmpfs of its own
     code = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -89,10 +93,10 @@ def _main():
     sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")
     status = os.fdopen(status_fd, "w", encoding="utf-8")
 
-    network = "none"
+    network = "namespace" if net_mode == "given" else "none"
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
-    if want_netns:
+    if net_mode == "1":
         uid, gid = os.getuid(), os.getgid()
         if libc.unshare(0x10000000 | 0x40000000) == 0:  # CLONE_NEWUSER | CLONE_NEWNET
             try:
@@ -105,7 +109,7 @@ def _main():
                 network = "namespace-unmapped"
     if hasattr(libc, "prctl"):  # Linux
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-        if os.getppid() == 1:
+        if os.getppid() == 1 and not confined:  # (confined, pid 1 is the namespace's init)
             os._exit(70)
     landlock = _landlock(ctypes, libc, scratch) if want_landlock else 0
     for name in ("ctypes", "_ctypes", "ctypes._endian"):
@@ -132,7 +136,19 @@ def _main():
         _install_hook(scratch, violations)
 
     def report(kind, message=""):
-        status.write(repr((kind, message, network, violations[:1], landlock)))
+        disk = -1
+        if confined:
+            try:
+                st = os.statvfs(scratch)
+                disk = (st.f_blocks - st.f_bfree) * st.f_frsize
+            except OSError:
+                pass
+        for stream in (sys.stdout, sys.stderr):  # all output is in the pipe before the record
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        status.write(repr((kind, message, network, violations[:1], landlock, disk)))
         status.flush()
 
     import _ast
@@ -394,6 +410,8 @@ class SandboxRun:
     exit_code: int | None = None   # the process's status (negative: the signal that ended it)
     network: str = "unknown"        # "namespace": it ran in an empty network namespace; "none": it did not
     landlock: int = 0               # the Landlock ABI that confined it (0: none)
+    confined: bool = False          # it ran in bubblewrap's namespaces under the seccomp filter
+    disk_bytes: int = -1            # what its scratch tmpfs held at the end (-1: not known, or not confined)
 
 
 # -- output capture ---------------------------------------------------------------------------
@@ -497,58 +515,285 @@ def _child_env(scratch: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+# -- scratch folders of unconfined calls ------------------------------------------------------
+
+_SCRATCH_PREFIX = "rltt-tool-"
+
+
 def _remove_tree(path: str) -> None:
-    def fix(func, p, _exc):  # code may have made its files read-only
+    """Remove ``path`` and everything in it; never raises and never recurses (the code made the
+    tree: it may be thousands of folders deep, or read-only). Folders are moved up to ``path``'s
+    level one at a time and emptied there, so at most two descriptors are open and no path
+    grows longer than a name."""
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
         try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
+            os.unlink(path)
         except OSError:
             pass
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=fix)
+        return
+    counter = 0
+    try:
+        while True:
+            try:
+                names = os.listdir(top)
+            except OSError:
+                break
+            if not names:
+                break
+            progress = False
+            for name in names:
+                try:
+                    os.chmod(name, 0o700, dir_fd=top, follow_symlinks=False)
+                except (OSError, NotImplementedError):
+                    pass
+                try:
+                    os.unlink(name, dir_fd=top)
+                    progress = True
+                    continue
+                except IsADirectoryError:
+                    pass
+                except OSError:
+                    if not _is_dir(name, top):
+                        continue
+                try:
+                    os.rmdir(name, dir_fd=top)
+                    progress = True
+                    continue
+                except OSError:
+                    pass
+                try:  # a folder with entries: its sub-folders move up, its files go
+                    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                except OSError:
+                    continue
+                try:
+                    for inner in os.listdir(fd):
+                        try:
+                            os.chmod(inner, 0o700, dir_fd=fd, follow_symlinks=False)
+                        except (OSError, NotImplementedError):
+                            pass
+                        try:
+                            os.unlink(inner, dir_fd=fd)
+                        except OSError:
+                            counter += 1
+                            try:
+                                os.rename(inner, f".rm{counter}", src_dir_fd=fd, dst_dir_fd=top)
+                            except OSError:
+                                continue
+                        progress = True
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+            if not progress:
+                break
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
+
+def _is_dir(name: str, dir_fd: int) -> bool:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & 0o170000 == 0o040000
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def sweep_stale_scratch() -> int:
+    """Remove the scratch folders that calls of processes no longer running left behind (a killed
+    trainer cannot clean up); once per process, before its first unconfined call. Returns how
+    many were removed."""
+    removed = 0
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(_SCRATCH_PREFIX):
+            continue
+        pid = name[len(_SCRATCH_PREFIX):].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        _remove_tree(os.path.join(root, name))
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the kernel layers: bubblewrap and the seccomp filter -------------------------------------
+
+#: Largest total the scratch folder of a confined call may hold (a tmpfs of this size: it lives in
+#: memory and goes with the call's namespace). Above `FILE_SIZE_MB`, so a file at that limit fits.
+SCRATCH_MB = 2 * FILE_SIZE_MB
+#: The uid and gid tool code runs as inside its user namespace (``nobody``).
+SANDBOX_UID = 65534
+#: Where the scratch tmpfs is mounted inside the namespace (empty at the start of each call; /tmp
+#: is an empty read-only folder, so a path under the host's /tmp never looks like the scratch's).
+CONFINED_SCRATCH = "/scratch"
+_SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib", "/lib64", "/lib32", "/usr/lib32")
+_SYSTEM_FILES = ("/usr/share/zoneinfo", "/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+#: What to install when bubblewrap is missing (the refusal says it).
+INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: apt-get install bubblewrap libseccomp2; "
+                "Fedora: dnf install bubblewrap libseccomp; or scripts/install_system_deps.sh as root) and allow "
+                "unprivileged user namespaces (in Docker: options like --security-opt seccomp=unconfined "
+                "--security-opt systempaths=unconfined)")
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap executable (``bwrap`` on PATH, or /usr/bin/bwrap), None when not installed."""
+    found = shutil.which("bwrap")
+    if found is None and os.access("/usr/bin/bwrap", os.X_OK):
+        found = "/usr/bin/bwrap"
+    return found
+
+
+def _interpreter(site_packages: bool) -> str:
+    # without site-packages, the real file (a venv's python is a link whose pyvenv.cfg is outside the view)
+    return sys.executable if site_packages else os.path.realpath(sys.executable)
+
+
+def _bwrap_args(bwrap: str, site_packages: bool, seccomp_fd: int | None) -> list[str]:
+    """bubblewrap's command line (`_view_args`) with the seccomp program read from ``seccomp_fd``."""
+    return [*_view_args(bwrap, site_packages), *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])]
+
+
+@lru_cache(maxsize=None)
+def _view_args(bwrap: str, site_packages: bool) -> tuple[str, ...]:
+    """bubblewrap's command line: new user (uid `SANDBOX_UID`, no capabilities), PID, mount,
+    network, IPC, UTS and cgroup namespaces; a read-only root holding only the interpreter, its
+    libraries and a few devices; a fresh ``/proc``; an empty ``/tmp``; the scratch folder
+    `CONFINED_SCRATCH`, a tmpfs of `SCRATCH_MB`; the seccomp filter last, just before the
+    interpreter starts."""
+    args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            "--die-with-parent", "--cap-drop", "ALL"]  # (a session of its own: Popen start_new_session)
+    bound: list[str] = []
+
+    def ro(path: str) -> None:
+        real = os.path.realpath(path)
+        if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound) or not os.path.exists(real):
+            return
+        args.extend(["--ro-bind", real, real])
+        bound.append(real)
+
+    for lib in _SYSTEM_LIBS:
+        if os.path.islink(lib):
+            args.extend(["--symlink", os.readlink(lib), lib])
+        elif os.path.isdir(lib):
+            ro(lib)
+    ro(sys.base_prefix)
+    executable = _interpreter(site_packages)
+    ro(os.path.realpath(executable))
+    if site_packages:
+        ro(sys.prefix)  # a venv: its links to the interpreter and its site-packages
+    for path in _SYSTEM_FILES:
+        if os.path.exists(path):
+            ro(path)
+    for device in _DEVICES:
+        if os.path.exists(device):
+            args.extend(["--dev-bind", device, device])
+    args.extend(["--proc", "/proc", "--dir", "/tmp", "--size", str(SCRATCH_MB << 20), "--tmpfs", CONFINED_SCRATCH,
+                 "--chdir", CONFINED_SCRATCH, "--remount-ro", "/"])
+    return tuple(args)
+
+
+def _filter_fd() -> int | None:
+    """A pipe's read end holding the seccomp program (bubblewrap reads it once), or None."""
+    program = syscall_filter.program()
+    if program is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, program)  # ~1 KB: the pipe holds it
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+# -- running a call ---------------------------------------------------------------------------
 
 def run_python(source: str, *, timeout_s: float = 5.0, cpu_s: float = 5.0, memory_mb: int = 512,
-               output_chars: int = 1024, site_packages: bool = False, _audit_hook: bool = True) -> SandboxRun:
+               output_chars: int = 1024, site_packages: bool = False, _audit_hook: bool = True,
+               _namespaces: bool = True, _seccomp: bool = True) -> SandboxRun:
     """Run ``source`` as a script in a fresh sandboxed interpreter (see the module docstring).
 
     The output is stdout and stderr interleaved, at most ``output_chars`` characters (head and
     tail around a marker when longer). If the last statement is an expression whose value is
     not None, its ``repr`` is printed, as in a notebook cell. ``site_packages=True`` lets the code
     import the environment's installed packages (read-only), not just the standard library.
-    ``_audit_hook=False`` (tests only) leaves out the audit-hook guard to check the kernel layers.
+    Tests only: ``_audit_hook=False`` leaves out the audit-hook guard, ``_namespaces=False``
+    bubblewrap (and with it the seccomp filter), ``_seccomp=False`` the seccomp filter alone, to
+    check each remaining layer by itself.
+
+    Never raises on what the code did: whatever goes wrong is a `SandboxRun` with an error kind.
     """
     start = time.monotonic()
     if len(source) > MAX_SOURCE_CHARS:
         kind, message = "too_long", f"the code has {len(source)} characters; the limit is {MAX_SOURCE_CHARS}"
         return SandboxRun(_finish(None, "", kind, message, output_chars), kind, time.monotonic() - start)
-    scratch = tempfile.mkdtemp(prefix="rltt-tool-")
+    limits = (timeout_s, cpu_s, memory_mb, output_chars, site_packages, _audit_hook)
     try:
-        return _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, site_packages, _audit_hook)
-    finally:
-        _remove_tree(scratch)
+        if _namespaces and confinement().ok:
+            return _run_in(None, source, start, *limits, seccomp=_seccomp)
+        sweep_stale_scratch()
+        scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
+        try:
+            return _run_in(scratch, source, start, *limits, seccomp=False)
+        finally:
+            _remove_tree(scratch)
+    except Exception as exc:  # a failure of the sandbox's own, whatever the code did: a tool error
+        kind, message = "sandbox", f"the sandbox failed: {type(exc).__name__}: {exc}"[:300]
+        return SandboxRun(_finish(None, "", kind, message, output_chars), kind, time.monotonic() - start)
 
 
-def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, site_packages, audit_hook):
+def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, site_packages, audit_hook,
+            seccomp):
+    """One call: in bubblewrap's namespaces when ``scratch`` is None, else in the host's with
+    ``scratch`` as its folder."""
+    confined = scratch is None
     status_r, status_w = os.pipe()
     cpu_limit = max(1, math.ceil(cpu_s))
     flags = ["-I", "-B", "-X", "utf8"] + ([] if site_packages else ["-S"])
-    args = [sys.executable, *flags, "-c", _CHILD, str(status_w), str(cpu_limit), str(int(memory_mb)),
-            str(FILE_SIZE_MB), str(OPEN_FILES), scratch, "1" if network_namespaces() else "0",
-            "1" if landlock_abi() else "0", "1" if audit_hook else "0"]
+    net_mode = "given" if confined else ("1" if network_namespaces() else "0")
+    inner_scratch = CONFINED_SCRATCH if confined else scratch
+    child = [_interpreter(site_packages) if confined else sys.executable, *flags, "-c", _CHILD, str(status_w),
+             str(cpu_limit), str(int(memory_mb)), str(FILE_SIZE_MB), str(OPEN_FILES), inner_scratch, net_mode,
+             "1" if landlock_abi() else "0", "1" if audit_hook else "0", "1" if confined else "0"]
+    fds = [status_w]
+    if confined:
+        filter_fd = _filter_fd() if seccomp else None
+        fds += [filter_fd] if filter_fd is not None else []
+        args = _bwrap_args(confinement().bwrap, site_packages, filter_fd) + ["--", *child]
+        cwd = "/"
+    else:
+        args, cwd = child, scratch
     try:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                pass_fds=(status_w,), cwd=scratch, env=_child_env(scratch),
+                                pass_fds=tuple(fds), cwd=cwd, env=_child_env(inner_scratch),
                                 start_new_session=True)
     except OSError as exc:
-        os.close(status_r)
-        os.close(status_w)
+        for fd in fds + [status_r]:
+            os.close(fd)
         kind, message = "sandbox", f"could not start the interpreter: {exc}"
         return SandboxRun(_finish(None, "", kind, message, output_chars), kind, time.monotonic() - start)
-    os.close(status_w)
+    for fd in fds:
+        os.close(fd)
     capture = _Capture(output_chars)
     status_bytes = bytearray()
     timed_out = False
@@ -577,7 +822,22 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
                         capture.feed(data)
                     elif len(status_bytes) < 65536:
                         status_bytes += data
+                        # Confined, bubblewrap's own processes hold the pipes open until the
+                        # namespaces are torn down (tens of ms): once the record is in, the output
+                        # is in the stdout pipe already (the child flushes before it reports)
+                        if confined and _parse_status(bytes(status_bytes)) is not None:
+                            _drain(proc.stdout.fileno(), capture)
+                            open_streams = 0
+                            break
     finally:
+        status = _parse_status(bytes(status_bytes))
+        # Confined, the interpreter's exit status reaches us through bubblewrap only after the
+        # namespaces are torn down (tens of ms: the mount namespace waits for an RCU grace period).
+        # With a status record the outcome is known: bubblewrap is killed at once (its init dies
+        # with it, and the kernel kills what is left in the PID namespace). Without one (a crash,
+        # os._exit), wait for the status that says how it ended.
+        if confined and not timed_out and status is None:
+            _wait_exit(proc.pid, max(0.05, min(1.0, deadline - time.monotonic())))
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
         except (ProcessLookupError, PermissionError):
@@ -587,24 +847,60 @@ def _run_in(scratch, source, start, timeout_s, cpu_s, memory_mb, output_chars, s
         proc.stdout.close()
         os.close(status_r)
     capture.feed(b"", final=True)
-    status = _parse_status(bytes(status_bytes))
-    kind, message = _classify(proc.returncode, status, timed_out, usage.ru_utime + usage.ru_stime,
-                              (timeout_s, cpu_s, memory_mb))
+    exit_code = proc.returncode
+    if confined and status is not None and not timed_out:
+        exit_code = 0  # (bubblewrap was killed once the record was in; the record says how it ended)
+    elif confined and exit_code > 128:  # bubblewrap passes a signal's death on as 128 + the signal
+        exit_code = -(exit_code - 128)
+    if confined and not status_bytes and exit_code == 1 and capture.head.startswith("bwrap: "):
+        kind, message = "sandbox", f"bubblewrap could not set up the call: {capture.head.splitlines()[0][7:]}"
+    elif status is None and status_bytes and not timed_out:
+        kind, message = "sandbox", "the call's status record could not be read"
+    else:
+        kind, message = _classify(exit_code, status, timed_out, usage.ru_utime + usage.ru_stime,
+                                  (timeout_s, cpu_s, memory_mb))
     output = _finish(capture, "", kind, message, output_chars)
-    network, landlock = (status[2], status[4]) if status is not None else ("unknown", 0)
-    return SandboxRun(output, kind, time.monotonic() - start, proc.returncode, network, landlock)
+    network, landlock, disk = (status[2], status[4], status[5]) if status is not None else ("unknown", 0, -1)
+    return SandboxRun(output, kind, time.monotonic() - start, exit_code, network, landlock, confined, disk)
+
+
+def _drain(fd: int, capture: _Capture) -> None:
+    """Feed ``capture`` what the pipe ``fd`` holds now, without waiting for more."""
+    os.set_blocking(fd, False)
+    try:
+        while data := os.read(fd, 65536):
+            capture.feed(data)
+    except (BlockingIOError, OSError):
+        pass
+
+
+def _wait_exit(pid: int, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for process ``pid`` to end, without reaping it."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
 
 
 def _parse_status(data: bytes) -> tuple | None:
+    """The child's status record, or None when it is missing or not one (the code can write
+    anything to the pipe it inherited: any failure to read it is None, never an exception)."""
     try:
         value = ast.literal_eval(data.decode("utf-8", "replace"))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except Exception:  # SyntaxError, ValueError, TypeError ({[]: 1}), MemoryError, RecursionError...
         return None
-    if (isinstance(value, tuple) and len(value) == 5 and all(isinstance(v, str) for v in value[:3])
-            and isinstance(value[3], list) and isinstance(value[4], int)):
+    if (isinstance(value, tuple) and len(value) == 6 and all(isinstance(v, str) for v in value[:3])
+            and isinstance(value[3], list) and all(isinstance(v, str) for v in value[3])
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[4:])):
         return value
     return None
 
+
+# -- what this machine offers -----------------------------------------------------------------
 
 _PROBE = """
 import ctypes, sys
@@ -629,9 +925,70 @@ def _probe() -> tuple[bool, int]:
         return False, 0
 
 
+# Run inside bubblewrap by `confinement`: what the call actually sees, layer by layer.
+_CONFINED_PROBE = """
+import os, socket
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+try:
+    socket.socket(socket.AF_UNIX)
+    sockets = 1
+except PermissionError:
+    sockets = 0
+print(os.getuid(), len(pids), int(os.path.exists('/run') or os.path.exists('/home')), sockets,
+      int(os.listdir('/tmp') == [] and os.listdir('/scratch') == []), int(os.access('/usr/lib', os.W_OK)))
+"""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a call inside bubblewrap gets on this machine, probed once by running one: ``ok`` when
+    the namespaces (PID, mount, user with an unprivileged uid, network) apply; ``seccomp`` when
+    the filter refuses a new socket; ``why`` names what is missing."""
+
+    ok: bool
+    bwrap: str | None = None
+    seccomp: bool = False
+    why: str = ""
+
+
+@lru_cache(maxsize=None)
+def confinement() -> Confinement:
+    """Probe bubblewrap once per process: run the probe in the namespaces, under the filter."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return Confinement(False, None, False, "bubblewrap (bwrap) is not installed")
+    filter_fd = _filter_fd()
+    fds = [filter_fd] if filter_fd is not None else []
+    try:
+        args = _bwrap_args(bwrap, False, filter_fd) + [
+            "--", _interpreter(False), "-I", "-S", "-c", _CONFINED_PROBE]
+        out = subprocess.run(args, pass_fds=tuple(fds), timeout=30, env=_child_env(CONFINED_SCRATCH),
+                             capture_output=True, text=True, cwd="/")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Confinement(False, bwrap, False, f"bubblewrap could not start: {exc}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        uid, pids, host_paths, sockets, tmp_empty, usr_writable = (int(v) for v in out.stdout.split())
+    except ValueError:
+        error = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return Confinement(False, bwrap, False, f"bubblewrap cannot create the namespaces here ({error})")
+    missing = [what for what, bad in (("an unprivileged uid (user namespace)", uid == 0),
+                                      ("a PID namespace", pids > 2),
+                                      ("a mount namespace with a minimal view", host_paths or usr_writable
+                                       or not tmp_empty)) if bad]
+    if missing:
+        return Confinement(False, bwrap, False, f"bubblewrap ran without {', '.join(missing)}")
+    seccomp = filter_fd is not None and sockets == 0
+    why = "" if seccomp else "the seccomp filter did not apply (libseccomp.so.2 missing?)"
+    return Confinement(True, bwrap, seccomp, why)
+
+
 def network_namespaces() -> bool:
-    """Whether a sandboxed call can run in a new user and network namespace here."""
-    return _probe()[0]
+    """Whether a sandboxed call runs in a network namespace of its own here (bubblewrap's, or
+    the child's own ``unshare`` without it)."""
+    return confinement().ok or _probe()[0]
 
 
 def landlock_abi() -> int:
@@ -641,11 +998,41 @@ def landlock_abi() -> int:
 
 def isolation() -> dict[str, bool]:
     """Which isolation layers apply to a sandboxed call on this machine (docs/tools.md)."""
+    confined = confinement()
     return {
         "process": True,
         "resource_limits": True,
+        "pid_namespace": confined.ok,
+        "mount_namespace": confined.ok,
+        "user_namespace": confined.ok,
         "network_namespace": network_namespaces(),
+        "seccomp": confined.ok and confined.seccomp,
+        "scratch_size_limit": confined.ok,
         "landlock": landlock_abi() > 0,
         "nproc_limit": os.getuid() != 0,  # the kernel exempts uid 0 from RLIMIT_NPROC, user namespace or not
         "audit_hook": True,
     }
+
+
+#: The layers without which the python tool refuses to run (unless the recipe opts out): the
+#: kernel boundary that does not depend on the code's cooperation.
+REQUIRED_LAYERS = ("pid_namespace", "mount_namespace", "user_namespace", "network_namespace", "seccomp")
+
+
+def missing_layers() -> list[str]:
+    """The `REQUIRED_LAYERS` this machine does not give a call (empty: fully confined)."""
+    layers = isolation()
+    return [name for name in REQUIRED_LAYERS if not layers[name]]
+
+
+def refusal(opt_out_key: str) -> str | None:
+    """The one-line reason the python tool must not run here, naming the first missing layer,
+    why, what to install and the recipe key ``opt_out_key`` that runs it anyway; None when every
+    required layer applies."""
+    missing = missing_layers()
+    if not missing:
+        return None
+    why = confinement().why
+    return (f"the python tool's sandbox has no {missing[0].replace('_', ' ')} here ({why}; missing: "
+            f"{', '.join(missing)}): {INSTALL_HINT}; or set {opt_out_key}: true to run tool code without "
+            f"these layers (the audit hook, rlimits and Landlock where present only)")

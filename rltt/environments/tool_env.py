@@ -17,7 +17,9 @@ from types import ModuleType
 from typing import Any
 
 from rltt.config import recipe_error
+from rltt.environments import sandbox
 from rltt.environments import tools as tool_layer
+from rltt.errors import RlttError
 from rltt.environments.base import Environment, EnvReply
 
 
@@ -33,11 +35,19 @@ class ToolEnvironment(Environment):
         self.toolkit = toolkit if toolkit is not None else tool_layer
         limits = limits if limits is not None else tool_layer.ToolLimits()
         self.tools, self.limits, self.stop_strings = tuple(tools), limits, tuple(stop_strings)
+        #: the python tool's isolation layers on this machine (None: the python tool is not used);
+        #: the trainer writes them into the run directory (`rltt.telemetry.ISOLATION_FILE`)
+        self.isolation: dict[str, bool] | None = None
 
     @classmethod
     def from_section(cls, section) -> "ToolEnvironment":
+        """The run's environment; with the python tool, first the check that its sandbox has a
+        kernel boundary here (`check_sandbox`)."""
         stops = (tool_layer.TOOL_CALL_END,) if section.stop_strings is None else tuple(section.stop_strings)
-        return cls(section.tools, section.limits.tool_limits(), stops)
+        env = cls(section.tools, section.limits.tool_limits(), stops)
+        if "python" in env.tools:
+            env.isolation = check_sandbox(getattr(getattr(section, "python", None), "unconfined", False))
+        return env
 
     @staticmethod
     def check_section(section) -> None:
@@ -75,6 +85,21 @@ class ToolEnvironment(Environment):
         if isinstance(state.get("toolkit"), _ModuleRef):
             state["toolkit"] = importlib.import_module(state["toolkit"].name)
         self.__dict__.update(state)
+
+
+UNCONFINED_KEY = "env.python.unconfined"
+
+
+def check_sandbox(unconfined: bool) -> dict[str, bool]:
+    """The python tool's isolation layers here (`sandbox.isolation`); refuses, in one line naming
+    the missing layer, what to install and `UNCONFINED_KEY`, when the kernel boundary is missing
+    and the recipe did not opt out."""
+    reason = sandbox.refusal(UNCONFINED_KEY)
+    if reason is not None and not unconfined:
+        raise RlttError(f"env.tools: {reason}")
+    layers = sandbox.isolation()
+    layers["unconfined_opt_out"] = bool(unconfined and reason is not None)
+    return layers
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ loop, its checkpoints (`CheckpointSaver`) and its evaluation (`HeldOutEvaluator`
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ from rltt.runtime.paths import RESOLVED_RECIPE, check_run_dir
 from rltt.runtime.run_lock import RunLock
 from rltt.runtime.stop import StepAbandoned, Stopped, StopSignals, commit
 from rltt.telemetry import MetricsLogger, truncate_metrics
+from rltt.telemetry.metrics_file import ISOLATION_FILE
 from rltt.telemetry import schema as m
 
 ALARMS_FILE = "alarms.jsonl"
@@ -151,11 +153,22 @@ class Trainer:
             self._resume()
         if self.ranks.main:
             (self.run_dir / RESOLVED_RECIPE).write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
+            self._record_isolation()
             self.runner.open_error_log(self.run_dir / REWARD_ERRORS_FILE, self.step if resume else None)
             if resume and (self.run_dir / ALARMS_FILE).exists():  # the alarms of the steps about to be redone
                 truncate_metrics(self.run_dir / ALARMS_FILE, self.step)
             self.logger = MetricsLogger(self.run_dir, tensorboard=r.logging.tensorboard, wandb=r.logging.wandb,
                                         resume_step=self.step if resume else None, config=to_dict(r))
+
+    def _record_isolation(self) -> None:
+        """The python tool's isolation layers (when the run's environment has the tool), in
+        ``RUN_DIR/isolation.json`` and one line on stderr; `rltt review` shows them."""
+        env = getattr(getattr(getattr(self, "training", None), "episodes", None), "env", None)
+        layers = getattr(env, "isolation", None)
+        if not isinstance(layers, dict):
+            return
+        (self.run_dir / ISOLATION_FILE).write_text(json.dumps(layers, indent=1) + "\n")
+        print(f"rltt train: python tool isolation: {', '.join(k for k, v in layers.items() if v)}", file=sys.stderr)
 
     def _check_prompt_lengths(self) -> None:
         """Every prompt plus ``rollout.max_new_tokens`` must fit the model's positions: a one-line

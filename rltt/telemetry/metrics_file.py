@@ -24,6 +24,8 @@ from rltt.telemetry import schema
 METRICS_FILE = "metrics.jsonl"
 #: The resolved recipe a run writes beside its metrics (the user's recipe file is never written).
 RESOLVED_RECIPE = "recipe.resolved.yaml"
+#: The python tool's isolation layers, as the run found them at its start (docs/tools.md).
+ISOLATION_FILE = "isolation.json"
 
 
 # --------------------------------------------------------------------------- reading

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import numpy as np
 from rltt.errors import RlttError
 from rltt.telemetry import schema
 from rltt.telemetry.diagnoses import Check, Diagnosis, Severity, diagnose, late_window, unchecked
+from rltt.telemetry.metrics_file import ISOLATION_FILE
 from rltt.telemetry.plots import PLOTS, render_all
 from rltt.telemetry.series import RunData
 
@@ -194,6 +196,9 @@ def format_summary(report: Report) -> str:
     if latest:
         lines.append("  latest: " + ", ".join(latest))
     lines.append(f"verdict: {_verdict_line(report)}")
+    isolation = isolation_line(run.path)
+    if isolation:
+        lines.append(f"  {isolation}")
     for d in report.diagnoses:
         lines.append(f"  [{d.severity.value}] {d.title} ({d.id})")
         for e in d.evidence:
@@ -211,6 +216,23 @@ def format_summary(report: Report) -> str:
     return "\n".join(lines)
 
 
+def isolation_line(run_path: Path) -> str | None:
+    """What ``RUN_DIR/isolation.json`` (written by a run with the python tool) says: the layers
+    that applied and those that did not; None without the file."""
+    path = Path(run_path) / ISOLATION_FILE
+    try:
+        layers = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(layers, dict):
+        return None
+    on = [k for k, v in layers.items() if v and k != "unconfined_opt_out"]
+    off = [k for k, v in layers.items() if not v and k != "unconfined_opt_out"]
+    note = " — UNCONFINED (env.python.unconfined: true)" if layers.get("unconfined_opt_out") else ""
+    return (f"python tool isolation{note}: {', '.join(on) or 'none'}"
+            + (f"; missing: {', '.join(off)}" if off else ""))
+
+
 # --------------------------------------------------------------------------- markdown
 
 
@@ -221,6 +243,9 @@ def to_markdown(report: Report) -> str:
     if other is not None:
         out.append(f"- compared with: `{other.path}` ({_span_text(other)})")
     out += ["", "## Verdict", "", f"**{_verdict_line(report)}**", ""]
+    isolation = isolation_line(run.path)
+    if isolation:
+        out += [f"- {isolation}", ""]
     for d in report.diagnoses:
         out.append(f"### [{d.severity.value}] {d.title} (`{d.id}`)")
         out.append("")
