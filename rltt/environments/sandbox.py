@@ -544,19 +544,12 @@ def _remove_tree(path: str) -> None:
                 break
             progress = False
             for name in names:
-                try:
-                    os.chmod(name, 0o700, dir_fd=top, follow_symlinks=False)
-                except (OSError, NotImplementedError):
-                    pass
-                try:
-                    os.unlink(name, dir_fd=top)
+                removed = _unlink(name, top)
+                if removed:
                     progress = True
                     continue
-                except IsADirectoryError:
-                    pass
-                except OSError:
-                    if not _is_dir(name, top):
-                        continue
+                if removed is False and not _is_dir(name, top):
+                    continue
                 try:
                     os.rmdir(name, dir_fd=top)
                     progress = True
@@ -569,13 +562,7 @@ def _remove_tree(path: str) -> None:
                     continue
                 try:
                     for inner in os.listdir(fd):
-                        try:
-                            os.chmod(inner, 0o700, dir_fd=fd, follow_symlinks=False)
-                        except (OSError, NotImplementedError):
-                            pass
-                        try:
-                            os.unlink(inner, dir_fd=fd)
-                        except OSError:
+                        if not _unlink(inner, fd):
                             counter += 1
                             try:
                                 os.rename(inner, f".rm{counter}", src_dir_fd=fd, dst_dir_fd=top)
@@ -594,6 +581,22 @@ def _remove_tree(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def _unlink(name: str, dir_fd: int) -> bool | None:
+    """Make ``name`` (in the folder ``dir_fd``) writable and unlink it: True when it went, None when it
+    is a folder, False when it could not go for another reason."""
+    try:
+        os.chmod(name, 0o700, dir_fd=dir_fd, follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except IsADirectoryError:
+        return None
+    except OSError:
+        return False
 
 
 def _is_dir(name: str, dir_fd: int) -> bool:
