@@ -161,3 +161,16 @@ def test_chunked_calls_count_their_occupancy():
     last = batch.schedule.chunks[-1][1]  # the last chunk's passes: no row waits any more
     assert batch.stats.waiting_passes == len(live) - last
     assert batch.stats.occupancy_waiting == pytest.approx(sum(live[:-last]) / (2 * N) / (len(live) - last))
+
+
+def test_the_recipe_key_turns_it_on_for_the_native_engine_only():
+    from rltt.orchestration.engines import make_engine
+    from rltt.orchestration.train_recipe import RolloutSection
+
+    model = tiny_model()
+    assert make_engine({"engine": "native", "chunk_rows": 4, "continuous_batching": True}, model).continuous
+    assert not make_engine({"engine": "native", "chunk_rows": 4}, model).continuous  # off by default
+    assert make_engine(RolloutSection(group_size=2, chunk_rows=4, continuous_batching=True), model).continuous
+    RolloutSection(group_size=2, chunk_rows=4, continuous_batching=True).validate()
+    with pytest.raises(RlttError, match="rollout.continuous_batching"):
+        RolloutSection(engine="vllm", schedule="dense", continuous_batching=True).validate()
