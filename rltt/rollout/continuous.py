@@ -248,7 +248,7 @@ def run_continuous(model: LoopedForCausalLM, prompts: list[list[int]], params: S
             b = slots.row[r]
             sched.finish(r)
             begin = len(keys[b]) - 1
-            gates_of[b] = executor.gates[:, r, begin: begin + count[r]].clone()
+            gates_of[b] = _copy_out(executor.gates[:, r, begin: begin + count[r]])
             pending += sched.row_pending(r)
             slots.row[r] = -1
         moved = sched.settle()
@@ -263,3 +263,8 @@ def run_continuous(model: LoopedForCausalLM, prompts: list[list[int]], params: S
     for b, row in enumerate(out):
         row.add_gates(gates_of[b].cpu())
     return _ChunkRun(out, schedule, stats)
+
+
+def _copy_out(gates: torch.Tensor) -> torch.Tensor:
+    """A finished row's gates copied out of its slot (held on the device until the call ends)."""
+    return gates.clone()
