@@ -10,8 +10,9 @@ Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit
 
 With ``chunk_rows`` a call runs in chunks of whole prompts, one after another
 (`rltt.rollout.chunk_decode.run_chunk`), so the KV cache holds one chunk's rows, never the whole
-call's (docs/design.md §2.7). Multi-turn episodes continue a chunk's rows between turns
-(`open_turns`, `rltt.rollout.continuation`).
+call's (docs/design.md §2.7); with ``continuous`` the call's rows share ``chunk_rows`` slots of one
+executor instead, a finished row's slot taken by the next row (`rltt.rollout.continuous`). Multi-turn
+episodes continue a chunk's rows between turns (`open_turns`, `rltt.rollout.continuation`).
 """
 
 from __future__ import annotations
