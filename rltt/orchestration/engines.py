@@ -55,7 +55,8 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
     chunk_rows = _get(rollout, "chunk_rows")  # an int once `rltt train` resolved ``auto`` from its plan
     return NativeEngine(model_or_dir, chunk_rows if isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
                         else None, cuda_graphs=_get(rollout, "cuda_graphs"),
-                        attention=_get(rollout, "attention", DEFAULT_ATTENTION))
+                        attention=_get(rollout, "attention", DEFAULT_ATTENTION),
+                        continuous=_get(rollout, "continuous_batching", False))
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:

@@ -61,6 +61,9 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         "errors": len(scored.errors),
         "row_passes": float(stats.row_passes.sum()) if counted else 0.0, "tokens": stats.tokens if counted else 0,
         "uniform": int(groups.uniform.sum()), "groups": groups.num_groups,
+        # occupancy: every rank's passes, each pass's live rows over its engine's row bound
+        "occupied": float(stats.occupied), "occupied_passes": int(stats.occupied_passes),
+        "waiting_occupied": float(stats.waiting_occupied), "waiting_passes": int(stats.waiting_passes),
         **{f"fn/{name}": values for name, values in scored.per_fn.items()},
         **{f"err/{key}": n for key, n in reward_error_metrics(scored.errors, scored.per_fn).items()},
     }
@@ -71,6 +74,7 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         local.update({f"episodes:{k}": int(v.sum()) for k, v in env.items()})
         local["episodes:tool_use"] = int((env["tool_calls"] > 0).sum())  # episodes that called a tool at all
     sums = ("truncated", "exit_steps", "actions", "errors", "row_passes", "tokens", "uniform", "groups",
+            "occupied", "occupied_passes", "waiting_occupied", "waiting_passes",
             "exit_hist", "positive", *(k for k in local if k.startswith(("think/", "err/", "episodes:"))))
     t = ranks.reduce(local, {k: "max" if k == "seconds" else "sum" if k in sums else "concat" for k in local})
     rewards, lengths = t["rewards"], t["lengths"]
@@ -90,6 +94,10 @@ def rollout_metrics(scored: ScoredRollout, groups: ScoredGroups, ranks: Ranks, p
         out[m.COMPUTE_EXIT_ENTROPY] = exit_histogram_entropy(t["exit_hist"])
     if counted and t["tokens"]:  # an engine that does not count its passes (vLLM) leaves the key out
         out[m.COMPUTE_PASSES_PER_TOKEN] = t["row_passes"] / t["tokens"]
+    if t["occupied_passes"]:  # an engine without passes (vLLM) leaves both keys out
+        out[m.ROLLOUT_OCCUPANCY] = t["occupied"] / t["occupied_passes"]
+        if t["waiting_passes"]:
+            out[m.ROLLOUT_OCCUPANCY_WAITING] = t["waiting_occupied"] / t["waiting_passes"]
     if groups.compute is not None and t["compute"].numel():  # a price on compute: its mean, apart from the task's
         out[m.REWARD_COMPUTE] = float(t["compute"].mean())
     if seconds is not None and t["seconds"] > 0:  # ranks sample concurrently: the slowest one's time

@@ -154,7 +154,10 @@ class RolloutSection:
     ``attention``: the native engine's attention — ``sdpa`` (default; grouped SDPA calls) or ``triton``
     (one Triton launch per layer reading the KV cache in place; needs Triton and CUDA; measured once on a
     GPU with the attention between captured pieces, its whole-pass capture not yet; `rltt.rollout.attention`,
-    docs/engine.md)."""
+    docs/engine.md).
+    ``continuous_batching``: the native engine keeps its ``chunk_rows`` slots full — a row of the next
+    prompts takes the slot of a row that finished, instead of chunks of whole prompts one after another
+    (`rltt.rollout.continuous`, docs/engine.md; replay stays bitwise); false: chunks."""
 
     engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
@@ -172,6 +175,7 @@ class RolloutSection:
     chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
     cuda_graphs: bool | None = None  # native engine: bucketed passes replayed as CUDA graphs (null: on with CUDA)
     attention: Literal[tuple(ATTENTION)] = DEFAULT_ATTENTION  # type: ignore[valid-type]  # native engine: sdpa | triton
+    continuous_batching: bool = False  # native engine: finished rows' slots taken by the next prompts' rows
 
     def validate(self) -> None:
         if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):
@@ -183,6 +187,9 @@ class RolloutSection:
             raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
                                                           f"got {self.thinking.budget}")
         ENGINES[self.engine].check_schedule(self.engine, self.schedule)
+        if self.continuous_batching and self.engine != "native":
+            raise recipe_error("rollout.continuous_batching", f"is a native engine option; rollout.engine="
+                                                              f"{self.engine} batches requests its own way")
 
 
 @dataclass

@@ -82,6 +82,15 @@ class NativeMemory:
         if rows <= 0:
             return dict.fromkeys(ROLLOUT, 0)
         b, seq = s.engine_bytes, s.sequence_tokens
+        if s.continuous and rows < s.rows_per_rank:  # one executor of ``rows`` slots for the whole call
+            return {
+                "rollout_kv": rm.kv_bytes(shape, rows, seq, b),
+                "rollout_state": rm.state_bytes(shape, rows, seq, b)
+                + rm.held_bytes(shape, s.rows_per_rank, s.completion_tokens),
+                "rollout_workspace": rm.continuous_workspace_bytes(shape, rows, s.group_size, s.prompt_tokens, b,
+                                                                   s.top_p, s.top_k),
+                "vllm_woken": 0,
+            }
         return {
             "rollout_kv": rm.kv_bytes(shape, rows, seq, b),
             "rollout_state": rm.state_bytes(shape, rows, seq, b),

@@ -34,6 +34,7 @@ KEYS = {
     "backend": "learner.backend",
     "needs_reference": "algorithm.track_kl",
     "chunk_rows": "rollout.chunk_rows",
+    "continuous": "rollout.continuous_batching",
     "completion_tokens": "rollout.max_new_tokens",
     "prompt_tokens": "data.max_prompt_tokens",
     "vllm_utilization": "rollout.vllm.gpu_memory_utilization",
@@ -71,6 +72,7 @@ class RunSettings:
     vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
     cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
     attention: str = DEFAULT_ATTENTION  # rollout.attention (a captured triton pass keeps per-bucket inputs)
+    continuous: bool = False  # rollout.continuous_batching: one executor of chunk_rows slots per call
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
 
     @classmethod
@@ -93,6 +95,7 @@ class RunSettings:
             vllm_multiprocess=bool(r.vllm.multiprocess),
             cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
             attention=getattr(r, "attention", DEFAULT_ATTENTION),
+            continuous=bool(getattr(r, "continuous_batching", False)) and r.engine == "native",
             headroom=recipe.train.memory_headroom,
         )
 

@@ -204,6 +204,18 @@ class PassExecutor:
             self.gates[:, dst, :n] = self.gates[:, src: src + 1, :n]
 
     @torch.no_grad()
+    def admit(self, slot: int, tokens: list[int], src: int, length: int) -> None:
+        """Slot ``slot`` starts holding a new row (continuous batching): with ``src ≥ 0`` the computed
+        state of positions ``0..length-1`` comes from slot ``src`` (kept in place when ``src`` is
+        ``slot``); its ``tokens`` written from position 0 and its gates from ``length`` on (0 without a
+        source) reset to NaN. Entries a finished row left at later positions are never read: a pass
+        reads only entries of a row's own earlier positions, which it has computed."""
+        if src >= 0 and src != slot:
+            self.fork([[src, slot, length]])
+        self.tokens[slot, : len(tokens)] = torch.tensor(tokens, device=self.device)
+        self.gates[:, slot, (length if src >= 0 else 0):] = float("nan")
+
+    @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 logits of the exit states ``h`` (k, d) (the sampler needs them)."""
         return self.model.lm_head(h).float()

@@ -10,8 +10,9 @@ Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit
 
 With ``chunk_rows`` a call runs in chunks of whole prompts, one after another
 (`rltt.rollout.chunk_decode.run_chunk`), so the KV cache holds one chunk's rows, never the whole
-call's (docs/design.md §2.7). Multi-turn episodes continue a chunk's rows between turns
-(`open_turns`, `rltt.rollout.continuation`).
+call's (docs/design.md §2.7); with ``continuous`` the call's rows share ``chunk_rows`` slots of one
+executor instead, a finished row's slot taken by the next row (`rltt.rollout.continuous`). Multi-turn
+episodes continue a chunk's rows between turns (`open_turns`, `rltt.rollout.continuation`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from rltt.rollout.buckets import pass_buckets
 from rltt.rollout.chunk_decode import check_prompts, run_chunk
 from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.continuation import native_turns
+from rltt.rollout.continuous import run_continuous
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
-from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, join_schedules
+from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule, join_schedules
 from rltt.rollout.sampler import RowRandom
 
 
@@ -54,21 +56,29 @@ class NativeEngine(RolloutEngine):
     ``attention`` (``rollout.attention``): ``sdpa`` (default) or ``triton`` — one Triton launch per
     layer reading the cache slots in place (`rltt.rollout.attention`); recorded in each batch's
     `Schedule.attention`, which `replay_logprobs` follows. Needs Triton, and CUDA or Triton's interpreter.
-    Both are resolved once, here, into the engine's `PassSetup` (``setup``), which every executor
-    it makes receives; a replay that should run the passes as they ran takes ``setup.buckets``.
+    ``continuous`` (``rollout.continuous_batching``): with ``chunk_rows``, the call's rows share
+    ``chunk_rows`` slots of one executor and a row of the next prompts takes a slot as soon as a row
+    finishes (`rltt.rollout.continuous`), instead of chunks one after another; the record replays
+    bit for bit too. Without ``chunk_rows`` every row has a slot from the start: the same passes.
+
+    Both ``cuda_graphs``/``buckets`` and ``attention`` are resolved once, here, into the engine's
+    `PassSetup` (``setup``), which every executor it makes receives; a replay that should run the passes as they ran takes ``setup.buckets``.
     """
 
     replayable = True
 
     def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None, cuda_graphs: bool | None = None,
-                 buckets: bool | None = None, attention: str = DEFAULT_ATTENTION):
+                 buckets: bool | None = None, attention: str = DEFAULT_ATTENTION, continuous: bool = False):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
                                        or chunk_rows < 1):
             raise RlttError(f"NativeEngine: chunk_rows must be a positive int or None, got {chunk_rows!r}")
+        if not isinstance(continuous, bool):
+            raise RlttError(f"NativeEngine: continuous must be true or false, got {continuous!r}")
         self.model = model.eval()
         self.chunk_rows = chunk_rows
+        self.continuous = continuous
         self.weights_version = 0
         self.extra_weights: dict[str, torch.Tensor] = {}
         # a one-line error now, not at the first pass
@@ -135,14 +145,24 @@ class NativeEngine(RolloutEngine):
         random = RowRandom(seed, self.model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
         stops = stop_token_set(params, cfg)
 
+        if self.continuous and self.chunk_rows is not None and self.chunk_rows < len(prompts) * n:
+            run = run_continuous(self.model, prompts, params, policy, random, stops, self.chunk_rows, self.setup)
+            run.stats.wall_time = 0.0
+            batch = rows_batch(prompts, [i for i in range(len(prompts)) for _ in range(n)], run.rows,
+                               schedule=run.schedule, params=replace(params, seed=seed), stats=run.stats,
+                               num_loops=T, dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
+            run.stats.wall_time = time.perf_counter() - start_time
+            return batch
         rows: list[Row] = []
         schedules, stats, sizes = [], [], []
-        for first, end in self.chunks(len(prompts), n):  # each chunk's executor is freed when it returns
+        bound = self.chunk_rows if self.chunk_rows is not None else len(prompts) * n
+        chunks = self.chunks(len(prompts), n)
+        for k, (first, end) in enumerate(chunks):  # each chunk's executor is freed when it returns
             chunk = run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
                                stops, self.setup)
             rows += chunk.rows
             schedules.append(chunk.schedule)
-            stats.append(chunk.stats)
+            stats.append(_occupancy(chunk.stats, chunk.schedule, bound, waiting=k + 1 < len(chunks)))
             sizes.append(len(chunk.rows))
 
         prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
@@ -152,3 +172,11 @@ class NativeEngine(RolloutEngine):
                            dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
         run_stats.wall_time = time.perf_counter() - start_time
         return batch
+
+
+def _occupancy(stats: RolloutStats, schedule: Schedule, bound: int, waiting: bool) -> RolloutStats:
+    """``stats`` with the occupancy of a chunk's passes: each pass's live rows (its ranges) over the row
+    bound; ``waiting``: rows of later chunks waited through all of them."""
+    occupied = sum(len(p.work) for p in schedule.passes) / bound
+    return replace(stats, occupied=occupied, occupied_passes=len(schedule.passes),
+                   waiting_occupied=occupied if waiting else 0.0, waiting_passes=len(schedule.passes) if waiting else 0)

@@ -59,9 +59,64 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, buckets=None)
     # the rollout's attention implementation: another one rounds differently
     setup = PassSetup.of(batch.schedule.attention, model.lm_head.weight.device, buckets)
     for first, end, pass_first, pass_end in spans:
-        _replay_chunk(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered, gates,
-                      setup)
+        passes = batch.schedule.passes[pass_first:pass_end]
+        continuous = bool(passes) and passes[0].admit is not None  # a continuous-batching record
+        replay = _replay_continuous if continuous else _replay_chunk
+        replay(model, batch, first, end, passes, raw, tempered, gates, setup)
     return ReplayLogprobs(raw, tempered, exit_logprob(gates, batch.exit_steps, batch.action_mask).cpu())
+
+
+def _replay_continuous(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
+                       raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor, setup: PassSetup) -> None:
+    """Re-execute a continuous-batching record (`rltt.rollout.continuous`) of the rows ``first..end-1``
+    on an executor of its slots: each pass's admissions first (the row's whole sequence written into
+    its slot, the shared prefix copied as recorded), then its work, its forks, its exits (slots mapped
+    to the rows they held); a row's gates are read when it leaves its slot (its last exit)."""
+    num_slots = 1 + max(int(p.admit[:, 0].max()) for p in passes if p.admit is not None) - first
+    lengths = batch.prompt_lengths[first:end]
+    width = max(1, int(batch.completion_lengths[first:end].max()))
+    executor = PassExecutor(model, num_slots, int(lengths.max()) + width, setup)
+    temperature = batch.params.temperature
+    truncated = bool((batch.kept_floor[first:end] >= 0).any())
+    holder = [-1] * num_slots  # the batch row in each slot
+
+    def leave(slot: int) -> None:
+        r = holder[slot]
+        n, start = int(batch.completion_lengths[r]), int(batch.prompt_lengths[r]) - 1
+        gates[:, r, :n] = executor.gates[:, slot, start:start + n].cpu()
+
+    for record in passes:
+        if record.admit is not None:
+            for slot, row, src, length in record.admit.tolist():  # the batch's numbering (src −1: none)
+                slot, src = slot - first, (src - first if src >= 0 else -1)
+                if holder[slot] >= 0:
+                    leave(slot)
+                holder[slot] = row
+                executor.admit(slot, batch.sequence(row), src, length)
+        rows, starts, ends, steps = record.work.T.tolist()
+        if first:
+            rows = [r - first for r in rows]
+        h, _, last = executor.run(rows, starts, ends, steps)
+        if record.fork is not None:
+            executor.fork([[src - first, dst - first, n] for src, dst, n in record.fork.tolist()])
+        if not record.exits.numel():
+            continue
+        where = {r: i for i, r in enumerate(rows)}
+        local = (record.exits - first).tolist()
+        chosen = [where[r] for r in local]
+        logits = executor.logits(h[last[torch.tensor(chosen)]])
+        batch_rows = torch.tensor([holder[s] for s in local])
+        slots_d = torch.tensor(local, device=executor.device)
+        positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
+        targets = executor.tokens[slots_d, positions]
+        columns = positions.cpu() - batch.prompt_lengths[batch_rows]
+        floors = batch.kept_floor[batch_rows, columns].to(executor.device) if truncated else None
+        lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
+        raw[batch_rows, columns] = lp_raw.cpu()
+        tempered[batch_rows, columns] = lp_tempered.cpu()
+    for slot in range(num_slots):
+        if holder[slot] >= 0:
+            leave(slot)
 
 
 def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,

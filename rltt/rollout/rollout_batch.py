@@ -35,11 +35,17 @@ class PassRecord:
     rows of ``[src, dst, length]``, set on the last pass of a shared prompt prefill: after the
     pass, row ``dst`` receives row ``src``'s computed state (KV entries of every step, carries,
     gates) of positions ``0..length-1`` — the rows of one prompt share its prefill.
+
+    ``admit`` (m, 4) rows of ``[slot, row, src, length]``, only in a continuous-batching record
+    (`rltt.rollout.continuous`): *before* the pass, in order, slot ``slot`` starts holding the batch's
+    row ``row`` (`PassExecutor.admit`: the state of positions ``0..length-1`` from slot ``src`` when
+    ``src ≥ 0``). In such a record ``work`` rows, ``exits`` and ``fork`` name slots, not batch rows.
     """
 
     work: torch.Tensor
     exits: torch.Tensor
     fork: torch.Tensor | None = None
+    admit: torch.Tensor | None = None
 
     def entries(self) -> int:
         """(token, step) entries this pass computed."""
@@ -52,11 +58,15 @@ class PassRecord:
             return self
         work = self.work.clone()
         work[:, 0] += rows
-        fork = None
+        fork = admit = None
         if self.fork is not None:
             fork = self.fork.clone()
             fork[:, :2] += rows
-        return PassRecord(work=work, exits=self.exits + rows, fork=fork)
+        if self.admit is not None:  # slots, rows and sources all move (src −1: none)
+            admit = self.admit.clone()
+            admit[:, :2] += rows
+            admit[:, 2] = torch.where(admit[:, 2] >= 0, admit[:, 2] + rows, admit[:, 2])
+        return PassRecord(work=work, exits=self.exits + rows, fork=fork, admit=admit)
 
 
 @dataclass
@@ -111,11 +121,13 @@ class Schedule:
     def __getstate__(self) -> dict:
         passes = self.passes
         forked = [i for i, p in enumerate(passes) if p.fork is not None]
+        admitted = [i for i, p in enumerate(passes) if p.admit is not None]
         flat = {"kind": self.kind, "replayable": self.replayable, "passes": len(passes),
                 "fork_pass": torch.tensor(forked, dtype=torch.long), "chunks": self.chunks,
-                "attention": self.attention}
+                "attention": self.attention, "admit_pass": torch.tensor(admitted, dtype=torch.long)}
         for name, records in (("work", [p.work for p in passes]), ("exits", [p.exits for p in passes]),
-                              ("fork", [passes[i].fork for i in forked])):
+                              ("fork", [passes[i].fork for i in forked]),
+                              ("admit", [passes[i].admit for i in admitted])):
             if not _packable(records):  # odd shapes or mixed dtypes: pickled pass by pass
                 return {"kind": self.kind, "replayable": self.replayable, "passes": list(passes),
                         "chunks": self.chunks, "attention": self.attention}
@@ -139,7 +151,8 @@ class Schedule:
             return list(torch.split(state[name].to(state[f"{name}_dtype"]), state[f"{name}_counts"].tolist()))
 
         forks = dict(zip(state["fork_pass"].tolist(), pieces("fork")))
-        self.passes = [PassRecord(work=w, exits=e, fork=forks.get(i))
+        admits = dict(zip(state["admit_pass"].tolist(), pieces("admit"))) if "admit_pass" in state else {}
+        self.passes = [PassRecord(work=w, exits=e, fork=forks.get(i), admit=admits.get(i))
                        for i, (w, e) in enumerate(zip(pieces("work"), pieces("exits")))]
         if len(self.passes) != state["passes"]:
             raise ValueError(f"Schedule: {len(self.passes)} passes rebuilt, {state['passes']} pickled")
@@ -238,6 +251,10 @@ class RolloutStats:
     - ``entries_pending``: entries of processed tokens left uncomputed at the end (deferred work
       no later token needed).
     - ``tokens``: completion tokens generated; ``wall_time`` seconds.
+    - ``occupied``: the sum over passes of the pass's live rows (rows with work in it) over the
+      engine's row bound (``chunk_rows``, or the call's rows without it), ``occupied_passes`` the
+      passes summed; ``waiting_occupied`` / ``waiting_passes`` the same over the passes during which
+      rows of the call were still waiting to start (`occupancy`, `occupancy_waiting`).
     """
 
     passes: int = 0
@@ -246,6 +263,20 @@ class RolloutStats:
     entries_pending: int = 0
     tokens: int = 0
     wall_time: float = 0.0
+    occupied: float = 0.0
+    occupied_passes: int = 0
+    waiting_occupied: float = 0.0
+    waiting_passes: int = 0
+
+    @property
+    def occupancy(self) -> float | None:
+        """Live rows per pass over the row bound, averaged over the passes (None: no passes counted)."""
+        return self.occupied / self.occupied_passes if self.occupied_passes else None
+
+    @property
+    def occupancy_waiting(self) -> float | None:
+        """`occupancy` over the passes during which rows were still waiting to start (None: none were)."""
+        return self.waiting_occupied / self.waiting_passes if self.waiting_passes else None
 
     @staticmethod
     def join(parts: Sequence["RolloutStats"], serial: bool, wall_time: float) -> "RolloutStats":
@@ -258,7 +289,12 @@ class RolloutStats:
                             row_passes=torch.cat(counted) if len(counted) == len(parts) else None,
                             entries_computed=sum(p.entries_computed for p in parts),
                             entries_pending=sum(p.entries_pending for p in parts),
-                            tokens=sum(p.tokens for p in parts), wall_time=wall_time)
+                            tokens=sum(p.tokens for p in parts), wall_time=wall_time,
+                            # every part's passes count, each against its own row bound
+                            occupied=sum(p.occupied for p in parts),
+                            occupied_passes=sum(p.occupied_passes for p in parts),
+                            waiting_occupied=sum(p.waiting_occupied for p in parts),
+                            waiting_passes=sum(p.waiting_passes for p in parts))
 
     @property
     def passes_per_token(self) -> float:

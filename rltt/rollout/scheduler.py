@@ -40,6 +40,28 @@ class Scheduler:
             self.frontier[r] = [self.cursor[r]] * self.num_loops
         self.row_passes = [n + passes for n in self.row_passes]
 
+    def admit(self, row: int, prompt_length: int, prefilled: bool, prefill: bool = False) -> None:
+        """Slot ``row`` starts a new row (continuous batching, `rltt.rollout.continuous`) of a prompt of
+        ``prompt_length`` tokens: ``prefilled`` — positions ``0..P-2`` are computed at every step (a
+        shared prefill copied in); ``prefill`` — the row first computes those positions at steps 1..T
+        as its own range ``0..P-2`` (T passes, no exit), then decodes (`end_prefill`); neither — its
+        prompt is computed by the frontier rule with its first decode token."""
+        p = prompt_length - 1
+        self.cursor[row] = p - 1 if prefill else p
+        self.depth[row], self.sampled[row], self.skip[row] = 0, False, 0
+        self.frontier[row] = [p if prefilled else 0] * self.num_loops
+        self.active[row] = True
+
+    def end_prefill(self, row: int) -> None:
+        """Slot ``row`` computed its prompt's positions ``0..P-2`` at every step: its decode token, the
+        last prompt token, starts at depth 0."""
+        self.cursor[row] += 1
+        self.depth[row] = 0
+
+    def row_pending(self, row: int) -> int:
+        """(token, step) entries of ``row``'s processed tokens not computed."""
+        return sum(self.cursor[row] + 1 - f for f in self.frontier[row])
+
     def any_active(self) -> bool:
         return any(self.active)
 

@@ -99,6 +99,8 @@ COMPUTE_EXIT_ENTROPY = "compute/exit_entropy"
 # rollout (engine) statistics of the RL loop
 ROLLOUT_SEQUENCES = "rollout/sequences"
 ROLLOUT_REFILLS = "rollout/refills"
+ROLLOUT_OCCUPANCY = "rollout/occupancy"
+ROLLOUT_OCCUPANCY_WAITING = "rollout/occupancy_waiting"
 # multi-turn episodes (env.name set; docs/environments.md)
 ENV_TURNS_MEAN = "env/turns_mean"
 ENV_TOOL_CALLS_MEAN = "env/tool_calls_mean"
@@ -351,6 +353,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "count"),
     MetricSpec(ROLLOUT_REFILLS,
                "extra rollout rounds dynamic sampling drew to replace uniform groups", "count"),
+    MetricSpec(ROLLOUT_OCCUPANCY,
+               "rows with work in a pass of the shared block over the engine's row bound (rollout.chunk_rows, or "
+               "the call's rows), averaged over every pass of the step's rollout, all ranks; absent without passes "
+               "(vLLM)", "fraction"),
+    MetricSpec(ROLLOUT_OCCUPANCY_WAITING,
+               "rollout/occupancy over the passes during which rows of the call were still waiting to start (later "
+               "chunks, or rows not yet admitted with rollout.continuous_batching); absent when no row waited",
+               "fraction"),
     # multi-turn episodes (RL with env.name set)
     MetricSpec(ENV_TURNS_MEAN, "model turns per episode of the step's first rollout, mean over episodes", "turns"),
     MetricSpec(ENV_TOOL_CALLS_MEAN, "tool calls per episode, mean over the step's episodes", "calls"),

@@ -72,3 +72,20 @@ def test_compute_metrics_over_two_ranks():
     for key in (m.COMPUTE_MEAN_EXIT, m.COMPUTE_EXIT_ENTROPY, m.COMPUTE_PASSES_PER_TOKEN, m.REWARD_COMPUTE):
         assert two[key] == pytest.approx(one[key]), key
     assert two[m.ROLLOUT_SEQUENCES] == 4 and two[m.THROUGHPUT_GOODPUT] == pytest.approx(2 / 1.0)
+
+
+def test_occupancy_over_every_pass_and_the_passes_with_rows_waiting():
+    """Two chunks of passes joined (3 passes at 1, 0.5, 0.25 of the bound while rows waited, then 1 at 0.5):
+    the occupancy averages all four passes, the waiting one the first three; without passes neither key."""
+    first = RolloutStats(row_passes=torch.tensor([9]), tokens=3, occupied=1.75, occupied_passes=3,
+                         waiting_occupied=1.75, waiting_passes=3)
+    last = RolloutStats(row_passes=torch.tensor([4]), tokens=2, occupied=0.5, occupied_passes=1)
+    joined = RolloutStats.join([first, last], serial=True, wall_time=0.0)
+    metrics = rollout_metrics(*_scored(joined), Ranks(), "gsm8k.strict")
+    assert metrics[m.ROLLOUT_OCCUPANCY] == pytest.approx(2.25 / 4)
+    assert metrics[m.ROLLOUT_OCCUPANCY_WAITING] == pytest.approx(1.75 / 3)
+    assert not m.unknown_keys(metrics)
+    alone = rollout_metrics(*_scored(last), Ranks(), "gsm8k.strict")  # no row waited: no waiting key
+    assert alone[m.ROLLOUT_OCCUPANCY] == 0.5 and m.ROLLOUT_OCCUPANCY_WAITING not in alone
+    vllm = rollout_metrics(*_scored(RolloutStats()), Ranks(), "gsm8k.strict")
+    assert m.ROLLOUT_OCCUPANCY not in vllm and m.ROLLOUT_OCCUPANCY_WAITING not in vllm

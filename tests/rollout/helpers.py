@@ -71,13 +71,13 @@ def dense_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, temperature: f
 
 
 def assert_same_passes(got: Schedule, want: Schedule) -> None:
-    """Pass for pass the same record: dtypes, shapes and values, ``fork`` None where it was; the
+    """Pass for pass the same record: dtypes, shapes and values, ``fork`` and ``admit`` None where they were; the
     same chunks."""
     assert got.kind == want.kind
     assert got.chunks == want.chunks
     assert len(got.passes) == len(want.passes)
     for i, (g, w) in enumerate(zip(got.passes, want.passes)):
-        for name in ("work", "exits", "fork"):
+        for name in ("work", "exits", "fork", "admit"):
             a, b = getattr(g, name), getattr(w, name)
             if b is None:
                 assert a is None, (i, name)
