@@ -151,19 +151,7 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
         exit_rows = [rows[i] for i in chosen]
         if chosen:
             positions = [ends[i] + 1 for i in chosen]
-            # one upload: the exit items, the rows' draw counters and the token cells
-            pick, rows_d, counters, cells = upload([[] if len(chosen) == len(h) else chosen, exit_rows,
-                                                    [count[r] for r in exit_rows],
-                                            [r * executor.max_len + p for r, p in zip(exit_rows, positions)]],
-                                           executor.device)
-            # every item exits (one position per row, all chosen): h is already the exit states
-            logits = executor.logits(h if len(chosen) == len(h) else h[last[pick]])
-            uniforms = None if params.greedy else random.uniform(rows_d, counters, RowRandom.TOKEN)
-            tokens, floors = sample(logits, params, uniforms)
-            raw, tempered = logprobs_of(logits, tokens, params.temperature, floors if truncating else None)
-            executor.write_tokens(cells, tokens)
-            # fp32 and int64 values are exact in float64: one read of the four
-            values = torch.stack([tokens.double(), raw.double(), tempered.double(), floors.double()])
+            values = sample_exits(executor, h, last, chosen, exit_rows, positions, count, random, params, truncating)
             for r in exit_rows:
                 count[r] += 1
                 sched.exited(r)
@@ -177,28 +165,10 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
                 token_l, raw_l, tempered_l, floor_l = values.tolist()
                 for r, i, position, token, lp, lp_t, floor in zip(exit_rows, chosen, positions, token_l, raw_l,
                                                                  tempered_l, floor_l):
-                    token = int(token)
                     row = out[r]
-                    row.add(token, steps[i], lp, lp_t, int(floor))
-                    reason = "stop" if token in stops or (params.stop_strings and params.stop_string_in(row.ids)) \
-                        else None
-                    if reason is None and thinking is not None and len(row) == thinking.budget:
-                        # the forced-answer rule; the next sampled token needs a position < max_positions
-                        then = thinking.at_budget(row.ids, params.max_new_tokens, max_positions - position)
-                        if then is None:
-                            reason = "length"
-                        else:
-                            ids, cap[r] = then
-                            if ids:
-                                executor.tokens[r, position + 1: position + 1 + len(ids)] = torch.tensor(
-                                    ids, device=executor.device)
-                                row.force(ids)
-                                count[r] += len(ids)
-                                sched.force(r, len(ids))
-                                position += len(ids)
-                    if reason is None and (len(row) >= cap[r]
-                                           or position >= max_positions):
-                        reason = "length"  # the next token would need a position the model does not have
+                    row.add(int(token), steps[i], lp, lp_t, int(floor))
+                    reason, cap[r] = settle_token(row, r, position, cap[r], params, stops, executor, sched, count,
+                                                  max_positions)
                     if reason:
                         row.finish = reason
                         sched.finish(r)
@@ -224,6 +194,54 @@ def decode_chunk(state: ChunkState, params: SamplingParams, stops: set[int], cap
     for r, row in enumerate(out):
         row.add_gates(all_gates[:, r, starts[r]: starts[r] + len(row)])
     return _ChunkRun(out, schedule, stats)
+
+
+def sample_exits(executor: PassExecutor, h: torch.Tensor, last: torch.Tensor, chosen: list[int], exit_rows: list[int],
+                 positions: list[int], count: list[int], random: RowRandom, params: SamplingParams,
+                 truncating: bool) -> torch.Tensor:
+    """Sample the tokens of a pass's exits: items ``chosen`` of ``h`` (executor rows ``exit_rows``,
+    their next tokens at ``positions``), each row drawing its ``count[row]``-th token from its own key;
+    the tokens are written into the executor. Returns (4, k) float64 — tokens, raw and tempered
+    log-probs, kept-set floors (fp32 and int64 values are exact in float64: one read of the four)."""
+    # one upload: the exit items, the rows' draw counters and the token cells
+    pick, rows_d, counters, cells = upload([[] if len(chosen) == len(h) else chosen, exit_rows,
+                                            [count[r] for r in exit_rows],
+                                            [r * executor.max_len + p for r, p in zip(exit_rows, positions)]],
+                                           executor.device)
+    # every item exits (one position per row, all chosen): h is already the exit states
+    logits = executor.logits(h if len(chosen) == len(h) else h[last[pick]])
+    uniforms = None if params.greedy else random.uniform(rows_d, counters, RowRandom.TOKEN)
+    tokens, floors = sample(logits, params, uniforms)
+    raw, tempered = logprobs_of(logits, tokens, params.temperature, floors if truncating else None)
+    executor.write_tokens(cells, tokens)
+    return torch.stack([tokens.double(), raw.double(), tempered.double(), floors.double()])
+
+
+def settle_token(row: Row, slot: int, position: int, cap: int, params: SamplingParams, stops: set[int],
+                 executor: PassExecutor, sched: Scheduler, count: list[int],
+                 max_positions: int) -> tuple[str | None, int]:
+    """Whether ``row`` ends with the token just appended (sampled at ``position`` by executor row
+    ``slot``), and its completion cap after it: ``"stop"`` on a stop token or string; at a thinking
+    budget the forced-answer rule (the interruption written into the executor, the row, the
+    scheduler and ``count[slot]``; the next sampled token needs a position below the model's last);
+    ``"length"`` at the cap or the model's last position; None to go on. Every decode loop's rule."""
+    thinking = params.thinking
+    token = row.values["completion_ids"][-1]
+    reason = "stop" if token in stops or (params.stop_strings and params.stop_string_in(row.ids)) else None
+    if reason is None and thinking is not None and len(row) == thinking.budget:
+        then = thinking.at_budget(row.ids, params.max_new_tokens, max_positions - position)
+        if then is None:
+            return "length", cap
+        ids, cap = then
+        if ids:
+            executor.tokens[slot, position + 1: position + 1 + len(ids)] = torch.tensor(ids, device=executor.device)
+            row.force(ids)
+            count[slot] += len(ids)
+            sched.force(slot, len(ids))
+            position += len(ids)
+    if reason is None and (len(row) >= cap or position >= max_positions):
+        reason = "length"  # the next token would need a position the model does not have
+    return reason, cap
 
 
 class _Deferred:

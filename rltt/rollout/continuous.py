@@ -27,14 +27,13 @@ import torch
 from rltt.model.exits import ExitPolicy
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.attention import PassSetup
-from rltt.rollout.chunk_decode import _ChunkRun, _Deferred, kv_positions
+from rltt.rollout.chunk_decode import _ChunkRun, _Deferred, kv_positions, sample_exits, settle_token
 from rltt.rollout.executor import PassExecutor
 from rltt.rollout.host_work import end_passes, host_list, mark_pass
-from rltt.rollout.kv_cache import upload
 from rltt.rollout.params import SamplingParams
 from rltt.rollout.rollout_batch import PassRecord, RolloutStats, Schedule
 from rltt.rollout.rows import Row
-from rltt.rollout.sampler import ExitDecider, RowRandom, logprobs_of, sample, truncates
+from rltt.rollout.sampler import ExitDecider, RowRandom, truncates
 from rltt.rollout.scheduler import Scheduler
 
 
@@ -171,16 +170,8 @@ def run_continuous(model: LoopedForCausalLM, prompts: list[list[int]], params: S
         finished: list[int] = []
         if chosen:
             positions = [ends[i] + 1 for i in chosen]
-            pick, rows_d, counters, cells = upload([[] if len(chosen) == len(h) else chosen, exit_slots,
-                                                    [count[r] for r in exit_slots],
-                                                    [r * executor.max_len + p for r, p in zip(exit_slots, positions)]],
-                                                   executor.device)
-            logits = executor.logits(h if len(chosen) == len(h) else h[last[pick]])
-            uniforms = None if params.greedy else slot_random.uniform(rows_d, counters, RowRandom.TOKEN)
-            tokens, floors = sample(logits, params, uniforms)
-            raw, tempered = logprobs_of(logits, tokens, params.temperature, floors if truncating else None)
-            executor.write_tokens(cells, tokens)
-            values = torch.stack([tokens.double(), raw.double(), tempered.double(), floors.double()])
+            values = sample_exits(executor, h, last, chosen, exit_slots, positions, count, slot_random, params,
+                                  truncating)
             for r in exit_slots:
                 count[r] += 1
                 sched.exited(r)
@@ -196,26 +187,10 @@ def run_continuous(model: LoopedForCausalLM, prompts: list[list[int]], params: S
                 for r, i, position, token, lp, lp_t, floor in zip(exit_slots, chosen, positions, token_l, raw_l,
                                                                  tempered_l, floor_l):
                     b = slots.row[r]
-                    token = int(token)
                     row = out[b]
-                    row.add(token, steps[i], lp, lp_t, int(floor))
-                    reason = "stop" if token in stops or (params.stop_strings and params.stop_string_in(row.ids)) \
-                        else None
-                    if reason is None and thinking is not None and len(row) == thinking.budget:
-                        then = thinking.at_budget(row.ids, params.max_new_tokens, max_positions - position)
-                        if then is None:
-                            reason = "length"
-                        else:
-                            ids, cap[b] = then
-                            if ids:
-                                executor.tokens[r, position + 1: position + 1 + len(ids)] = torch.tensor(
-                                    ids, device=executor.device)
-                                row.force(ids)
-                                count[r] += len(ids)
-                                sched.force(r, len(ids))
-                                position += len(ids)
-                    if reason is None and (len(row) >= cap[b] or position >= max_positions):
-                        reason = "length"
+                    row.add(int(token), steps[i], lp, lp_t, int(floor))
+                    reason, cap[b] = settle_token(row, r, position, cap[b], params, stops, executor, sched, count,
+                                                  max_positions)
                     if reason:
                         row.finish = reason
                         finished.append(r)

@@ -76,7 +76,6 @@ def _replay_continuous(model: LoopedForCausalLM, batch: RolloutBatch, first: int
     lengths = batch.prompt_lengths[first:end]
     width = max(1, int(batch.completion_lengths[first:end].max()))
     executor = PassExecutor(model, num_slots, int(lengths.max()) + width, setup)
-    temperature = batch.params.temperature
     truncated = bool((batch.kept_floor[first:end] >= 0).any())
     holder = [-1] * num_slots  # the batch row in each slot
 
@@ -93,27 +92,8 @@ def _replay_continuous(model: LoopedForCausalLM, batch: RolloutBatch, first: int
                     leave(slot)
                 holder[slot] = row
                 executor.admit(slot, batch.sequence(row), src, length)
-        rows, starts, ends, steps = record.work.T.tolist()
-        if first:
-            rows = [r - first for r in rows]
-        h, _, last = executor.run(rows, starts, ends, steps)
-        if record.fork is not None:
-            executor.fork([[src - first, dst - first, n] for src, dst, n in record.fork.tolist()])
-        if not record.exits.numel():
-            continue
-        where = {r: i for i, r in enumerate(rows)}
-        local = (record.exits - first).tolist()
-        chosen = [where[r] for r in local]
-        logits = executor.logits(h[last[torch.tensor(chosen)]])
-        batch_rows = torch.tensor([holder[s] for s in local])
-        slots_d = torch.tensor(local, device=executor.device)
-        positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
-        targets = executor.tokens[slots_d, positions]
-        columns = positions.cpu() - batch.prompt_lengths[batch_rows]
-        floors = batch.kept_floor[batch_rows, columns].to(executor.device) if truncated else None
-        lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
-        raw[batch_rows, columns] = lp_raw.cpu()
-        tempered[batch_rows, columns] = lp_tempered.cpu()
+        _replay_pass(executor, batch, record, first, lambda local: torch.tensor([holder[s] for s in local]),
+                     truncated, raw, tempered)
     for slot in range(num_slots):
         if holder[slot] >= 0:
             leave(slot)
@@ -133,29 +113,38 @@ def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end
     for r in range(first, end):
         seq = batch.sequence(r)
         executor.tokens[r - first, : len(seq)] = torch.tensor(seq)
-    temperature = batch.params.temperature
     truncated = bool((batch.kept_floor[first:end] >= 0).any())  # else no floor to apply (logprobs_of)
     for record in passes:
-        rows, starts, ends, steps = record.work.T.tolist()
-        if first:
-            rows = [r - first for r in rows]
-        h, _, last = executor.run(rows, starts, ends, steps)
-        if record.fork is not None:
-            executor.fork([[src - first, dst - first, n] for src, dst, n in record.fork.tolist()])
-        if not record.exits.numel():
-            continue
-        where = {r: i for i, r in enumerate(rows)}
-        local = record.exits - first
-        chosen = [where[r] for r in local.tolist()]
-        logits = executor.logits(h[last[torch.tensor(chosen)]])
-        exit_rows = local.to(executor.device)
-        positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
-        targets = executor.tokens[exit_rows, positions]
-        columns = positions.cpu() - batch.prompt_lengths[record.exits]
-        floors = batch.kept_floor[record.exits, columns].to(executor.device) if truncated else None
-        lp_raw, lp_tempered = logprobs_of(logits, targets, temperature, floors)
-        raw[record.exits, columns] = lp_raw.cpu()
-        tempered[record.exits, columns] = lp_tempered.cpu()
+        _replay_pass(executor, batch, record, first, lambda local: record.exits, truncated, raw, tempered)
     for r in range(first, end):  # the state before completion token j sits at position prompt + j − 1
         n, start = int(batch.completion_lengths[r]), int(batch.prompt_lengths[r]) - 1
         gates[:, r, :n] = executor.gates[:, r - first, start:start + n].cpu()
+
+
+def _replay_pass(executor: PassExecutor, batch: RolloutBatch, record, first: int, held, truncated: bool,
+                 raw: torch.Tensor, tempered: torch.Tensor) -> None:
+    """Re-execute one recorded pass (its rows numbered from ``first``): its work, its forks, then the
+    log-probs of its exits — the executor rows whose decode token exited (``held(local)``: the batch
+    rows they hold), their tokens read from the executor at the position after their item's last,
+    written into ``raw`` / ``tempered`` at the batch's completion columns, with the kept set of
+    top-k/top-p the rollout recorded."""
+    rows, starts, ends, steps = record.work.T.tolist()
+    if first:
+        rows = [r - first for r in rows]
+    h, _, last = executor.run(rows, starts, ends, steps)
+    if record.fork is not None:
+        executor.fork([[src - first, dst - first, n] for src, dst, n in record.fork.tolist()])
+    if not record.exits.numel():
+        return
+    local = (record.exits - first).tolist()
+    batch_rows = held(local)
+    where = {r: i for i, r in enumerate(rows)}
+    chosen = [where[r] for r in local]
+    logits = executor.logits(h[last[torch.tensor(chosen)]])
+    positions = torch.tensor([ends[i] + 1 for i in chosen], device=executor.device)
+    targets = executor.tokens[torch.tensor(local, device=executor.device), positions]
+    columns = positions.cpu() - batch.prompt_lengths[batch_rows]
+    floors = batch.kept_floor[batch_rows, columns].to(executor.device) if truncated else None
+    lp_raw, lp_tempered = logprobs_of(logits, targets, batch.params.temperature, floors)
+    raw[batch_rows, columns] = lp_raw.cpu()
+    tempered[batch_rows, columns] = lp_tempered.cpu()

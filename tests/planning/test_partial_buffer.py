@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rltt.cli.main import main
 from rltt.orchestration.prompt_stream import PromptStream
-from rltt.orchestration.ray.partial_rows import token_bytes
+from rltt.rollout.rows import token_bytes
 from rltt.orchestration.ray.partial_step import PartialStep
 from rltt.planning import plan_run
 from rltt.planning.partial_buffer import PartialBuffer

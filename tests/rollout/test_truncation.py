@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from rltt.rollout import NativeEngine, SamplingParams
 from rltt.rollout.sampler import NO_FLOOR, kept_floor, logprobs_of, sample
@@ -22,7 +22,9 @@ def naive_kept(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """(V,) bool: the kept set of one row by the rule above."""
     vocab = scores.shape[0]
     order = sorted(range(vocab), key=lambda i: -float(scores[i]))
-    kept = order[:top_k] if 0 < top_k < vocab else order
+    # top-k: the scores at least the k-th largest, ties at the boundary included (the set top-p
+    # then renormalises over)
+    kept = [i for i in order if float(scores[i]) >= float(scores[order[top_k - 1]])] if 0 < top_k < vocab else order
     if top_p < 1.0:
         values = torch.stack([scores[i] for i in kept])
         probs = torch.softmax(values, -1)
@@ -36,6 +38,8 @@ def naive_kept(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 @given(vocab=st.integers(2, 40), rows=st.integers(1, 5), top_k=st.integers(0, 45),
        top_p=st.sampled_from([1.0, 0.95, 0.7, 0.3, 0.05]), temperature=st.sampled_from([0.5, 1.0, 1.3]),
        scale=st.sampled_from([0.1, 2.0, 8.0]), seed=st.integers(0, 2**16), tie=st.booleans())
+@example(vocab=22, rows=1, top_k=21, top_p=0.95, temperature=0.5, scale=0.1, seed=0, tie=True)  # a tie at the
+# top-k boundary: top-p renormalises over both tied tokens
 def test_the_kept_set_follows_the_rule_and_the_draws_stay_inside(vocab, rows, top_k, top_p, temperature, scale,
                                                                  seed, tie):
     gen = torch.Generator().manual_seed(seed)

@@ -30,7 +30,7 @@ from rltt.orchestration.prompt_stream import Task
 from rltt.rollout import RolloutBatch, RolloutStats, SamplingParams
 from rltt.rollout.params import ThinkingBudget
 from rltt.rollout.rollout_batch import Schedule
-from rltt.rollout.rows import Row, rows_batch, token_bytes  # noqa: F401  (token_bytes: the plan's per-token count)
+from rltt.rollout.rows import Row, rows_batch
 
 @dataclass
 class PartialRow(Row):

@@ -291,7 +291,8 @@ def test_a_greedy_row_continued_in_segments_is_the_one_call_row(native, runner):
 
 
 def test_a_stop_string_spanning_two_segments_ends_the_row_there():
-    from rltt.orchestration.ray.partial_rows import PartialRow, token_bytes
+    from rltt.orchestration.ray.partial_rows import PartialRow
+    from rltt.rollout.rows import token_bytes
     from rltt.rollout import SamplingParams
 
     engine = FakeEngine()
