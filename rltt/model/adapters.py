@@ -37,6 +37,8 @@ from rltt.model.layers import StepLinear
 ADAPTER_PARAMS = ("lora_A", "lora_B")
 #: the file names of a PEFT adapter folder
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+#: beside them, what PEFT's config has no field for: shared or per loop, which loop step
+RLTT_ADAPTER = "rltt_adapter.json"
 
 
 def is_adapter(name: str) -> bool:
@@ -221,8 +223,9 @@ def write_peft_adapter(model: torch.nn.Module, directory: str | Path, base: str 
             "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "target_modules": sorted(spec.targets),
             "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False,
             "init_lora_weights": True, "modules_to_save": None,
-            "rltt": {"per_loop": spec.per_loop, "loop_step": t + 1 if spec.per_loop else None,
-                     "num_loops": model.config.num_loops},
         }
         (folder / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        loop = {"per_loop": spec.per_loop, "loop_step": t + 1 if spec.per_loop else None,
+                "num_loops": model.config.num_loops}
+        (folder / RLTT_ADAPTER).write_text(json.dumps(loop, indent=2) + "\n")
     return directory
