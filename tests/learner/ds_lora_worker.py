@@ -22,7 +22,7 @@ def run(stage: int, out: str) -> None:
     base = {k: v.clone() for k, v in tiny_policy(0).state_dict().items()}
     learner = Learner(tiny_policy(0), LearnerConfig(backend="deepspeed", zero_stage=stage, **cfg), algo, batch_size=4,
                       max_len=8)
-    trained = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
+    trained = sum(getattr(p, "ds_numel", p.numel()) for p in learner.model.parameters() if p.requires_grad)
     ds_losses = [learner.update(b)["loss/total"] for b in batches]
     _, sent = learner.rollout_state_dict()
     full = learner.backend.full_state_dict(learner.policy)
