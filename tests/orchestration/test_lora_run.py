@@ -76,3 +76,20 @@ def test_per_loop_adapters_with_vllm_are_a_recipe_error(tmp_path):
     path = write_recipe(tmp_path, **LORA)
     with pytest.raises(Exception, match="learner.lora.per_loop"):
         load_train_recipe(path, ["learner.lora.per_loop=true", "rollout.engine=vllm", "rollout.schedule=dense"])
+
+
+def test_the_engine_decides_the_sync(tmp_path):
+    """The native engine applies adapters (its model gets them before the learner is built; the
+    learner sends adapter tensors); vLLM is sent the merged weights and its model has no adapters."""
+    from rltt.orchestration.components import make_learner
+    from rltt.orchestration.engines import ENGINES
+    from tests.learner.helpers import tiny_policy
+
+    assert ENGINES["native"].applies_adapters and not ENGINES["vllm"].applies_adapters
+    for engine, sync in (("native", "adapters"), ("vllm", "merged")):
+        recipe = load_train_recipe(write_recipe(tmp_path / engine, **LORA),
+                                   [f"rollout.engine={engine}", "rollout.schedule=dense"])
+        learner = make_learner(recipe, tiny_policy())
+        assert learner.sync == sync
+        _, tensors = learner.rollout_state_dict()
+        assert all(is_adapter(k) for k in tensors) == (sync == "adapters")
