@@ -368,8 +368,8 @@ class Learner:
         if self.main:
             self.policy.save_pretrained(directory, safe_serialization=True, state_dict=weights)
             if self.lora is not None:
-                write_peft_adapter(self.policy, directory / ADAPTER_DIR, getattr(self.policy.config, "_name_or_path", ""),
-                                   state=weights)
+                base = getattr(self.policy.config, "_name_or_path", "")
+                write_peft_adapter(self.policy, directory / ADAPTER_DIR, base, state=weights)
             state = {"version": self.version}
             if self.learned_logits is not None:
                 state[LOOP_WEIGHTS] = self.learned_logits.detach().float().cpu().clone()

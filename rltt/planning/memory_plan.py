@@ -146,7 +146,8 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
                      f"{s.micro_prompts} prompt(s) once, then every row's completion)")
     return MemoryPlan(
         fits=fits, device=s.device, device_bytes=device_bytes, gpus=s.gpus, model_kind=shape.kind,
-        parameters=shape.parameters, trained_parameters=comp.trained_parameters(shape, s), loops=shape.loops, layers=shape.layers,
+        parameters=shape.parameters, trained_parameters=comp.trained_parameters(shape, s), loops=shape.loops,
+        layers=shape.layers,
         train_dtype="bf16" if s.train_bytes == 2 else "fp32", engine=s.engine,
         kv_bytes_per_token=shape.kv_bytes_per_token(s.engine_bytes),
         prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens, rows_per_rank=s.rows_per_rank,
