@@ -36,7 +36,7 @@ from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss, sampler_logprob
 from rltt.learner.scoring import score_tokens, unwrap
 from rltt.model.adapters import (adapter_norms, adapter_state_dict, adapters_disabled, attach_adapters, freeze_base,
-                                 is_adapter, merged_state_dict, write_peft_adapter)
+                                 merged_state_dict, write_peft_adapter)
 from rltt.objectives import exit_choice_logprob, kl_estimate, policy_logprob
 from rltt.runtime.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
@@ -321,6 +321,16 @@ class Learner:
             self.version += 1
         return metrics
 
+    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter tensors (under ZeRO-3 the adapters alone are gathered: a collective)."""
+        if not self.backend.partitioned:
+            return adapter_state_dict(self.policy)
+        import deepspeed
+
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(params):
+            return {k: v.detach().clone() for k, v in adapter_state_dict(self.policy).items()}
+
     def _adapter_norms(self) -> dict[str, float]:
         """``lora/*`` norms of the adapters (gathered under ZeRO-3: every rank calls it)."""
         if not self.backend.partitioned:
@@ -339,13 +349,12 @@ class Learner:
         learner's own (no copy), so an engine sharing the model loads them for free. A LoRA
         learner sends its adapter tensors alone (``sync: adapters``: the engines hold the frozen
         base already) or the base with the adapters merged in (``sync: merged``)."""
-        if self.lora is not None and self.sync == "adapters" and not self.backend.partitioned:
-            tensors = adapter_state_dict(self.policy)
+        if self.lora is not None and self.sync == "adapters":
+            tensors = self._adapter_tensors()
         else:
             tensors = self.backend.full_state_dict(self.policy)
             if self.lora is not None:
-                tensors = (merged_state_dict(tensors, self.policy.config) if self.sync == "merged"
-                           else {k: v for k, v in tensors.items() if is_adapter(k)})
+                tensors = merged_state_dict(tensors, self.policy.config)
 
         def cast(t: torch.Tensor) -> torch.Tensor:
             t = t.detach()
