@@ -43,6 +43,7 @@ def test_a_lora_run_trains_the_adapters_alone(tmp_path, overrides):
     assert config["peft_type"] == "LORA" and config["r"] == 4 and (adapter / "adapter_model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_resume_equals_the_uninterrupted_lora_run(tmp_path):
     _, _, reference = _run(tmp_path / "a")
     part = write_recipe(tmp_path / "b", **LORA)
