@@ -24,6 +24,7 @@ COMMANDS = {
     "bench": "bench",
     "generate": "generate",
     "plan": "plan",
+    "merge": "merge",
 }
 
 

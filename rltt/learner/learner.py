@@ -35,6 +35,8 @@ from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss, sampler_logprob
 from rltt.learner.scoring import score_tokens, unwrap
+from rltt.model.adapters import (adapter_norms, adapter_state_dict, adapters_disabled, attach_adapters, freeze_base,
+                                 merged_state_dict, write_peft_adapter)
 from rltt.objectives import exit_choice_logprob, kl_estimate, policy_logprob
 from rltt.runtime.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
@@ -90,6 +92,12 @@ STAT_OPS = {"ratio_max": "max", "ratio_min": "min", "correction_weight_max": "ma
 #: the file of `Learner.save` holding the learner's own state
 LEARNER_STATE = "learner_state.pt"
 LOOP_WEIGHTS = "loop_weight_logits"
+#: the folder of a LoRA learner's checkpoint holding its adapters in PEFT's format
+ADAPTER_DIR = "adapter"
+#: `Learner.sync`: what ``rollout_state_dict`` sends a LoRA learner's engines — the adapter tensors
+#: alone (an engine that applies them in its passes; the base it loaded once never changes), or the
+#: base with the (shared) adapters merged in (an engine that cannot apply them: vLLM)
+SYNCS = ("adapters", "merged")
 #: the metrics key of `Learner.update` holding why its update was skipped (a string; absent when
 #: every optimizer step was applied) — the loop hands it to its `NonFiniteGuard` and never logs it
 SKIP_REASON = "skip_reason"
@@ -120,10 +128,18 @@ class Learner:
     ``track_kl``) is a copy of ``model`` as given, made here: a resumed run builds its learner
     from the same starting policy, then `load`s the checkpoint. ``run_dir``: the run's directory,
     where a DeepSpeed backend writes the config it passes DeepSpeed (``deepspeed_config.json``).
+
+    With ``cfg.lora`` (`rltt.model.adapters`): adapters are attached to ``model`` (A drawn from
+    ``lora_seed``; a model that already holds them, attached by the engine's factory, is kept), every
+    other parameter is frozen in its dtype, so the backends see, clip, all-reduce and optimise the
+    adapters alone; the reference is ``model`` with its adapters off (no copy); ``rollout_state_dict``
+    sends the adapters alone (``sync: adapters``) or the merged weights (``sync: merged``); ``save``
+    adds the adapters in PEFT's format (``adapter/``); ``update`` logs ``lora/*`` norms.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
-                 max_len: int, rollout_dtype: torch.dtype | None = None, run_dir: str | Path | None = None):
+                 max_len: int, rollout_dtype: torch.dtype | None = None, run_dir: str | Path | None = None,
+                 lora_seed: int = 0, sync: str = "adapters"):
         self.cfg, self.algo, self.max_len = cfg, algo, max_len
         self.batch_size = batch_size
         self.micro = min(cfg.micro_batch_size, batch_size)
@@ -135,8 +151,15 @@ class Learner:
         if learned and backend.partitions(cfg):
             raise ConfigError("algorithm.omega: 'learned' loop weights are not supported with learner.zero_stage=3 "
                               "(use zero_stage 0-2)")
-        needs_ref = algo.kl_coef > 0 or algo.track_kl
-        self.ref_model = frozen_copy(model) if needs_ref else None
+        if sync not in SYNCS:
+            raise ValueError(f"Learner: sync must be one of {SYNCS}, got {sync!r}")
+        self.lora, self.sync = cfg.lora, sync
+        if self.lora is not None:
+            attach_adapters(model, self.lora.spec(), lora_seed)
+            freeze_base(model)
+        self.has_reference = algo.kl_coef > 0 or algo.track_kl
+        # LoRA: the reference is the policy with its adapters off (`_reference_scores`), no copy
+        self.ref_model = frozen_copy(model) if self.has_reference and self.lora is None else None
         if cfg.activation_checkpointing:  # the policy's training forwards only (the reference is copied above)
             model.gradient_checkpointing_enable()
         policy = PolicyModule(model, model.config.num_loops if learned else None)
@@ -178,23 +201,31 @@ class Learner:
                 scores = self._score(self.backend.forward_model, mb)
                 olds.append(scores.to_rows(chosen_logprob(scores, self.algo, self.learned_logits)))
                 seen.add(scores)
-            if self.ref_model is not None:
-                ref_scores = self._score(self.ref_model, mb)
+            if self.has_reference:
+                ref_scores = self._reference_scores(mb)
                 refs.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         self.model.train()
         batch = replace(batch, old_logprobs=torch.cat(olds) if olds else None,
                         ref_logprobs=torch.cat(refs) if refs else None)
         return batch, seen.metrics(batch, self._data_parallel_world()) if policy else {}
 
+    def _reference_scores(self, mb: LearnerBatch):
+        """The reference's scores of a micro-batch: the frozen copy, or (LoRA) the policy with its
+        adapters off — the base's function bit for bit (`rltt.model.adapters.adapters_disabled`)."""
+        if self.lora is None:
+            return self._score(self.ref_model, mb)
+        with adapters_disabled(self.policy):
+            return self._score(self.backend.forward_model, mb)
+
     @torch.no_grad()
     def sequence_kl(self, batch: LearnerBatch) -> torch.Tensor:
         """Per-sequence summed KL estimate to the reference (B,), for the KL-in-reward form."""
-        if self.ref_model is None:
+        if not self.has_reference:
             raise ValueError("sequence_kl needs a reference model (algorithm.kl_coef > 0 or track_kl)")
         batch = batch.to(self.device)
         current, ref = [], []
         for mb in batch.micro_batches(self.micro):
-            scores, ref_scores = self._score(self.backend.forward_model, mb), self._score(self.ref_model, mb)
+            scores, ref_scores = self._score(self.backend.forward_model, mb), self._reference_scores(mb)
             current.append(scores.to_rows(kl_logprob(scores, self.algo, self.learned_logits)))
             ref.append(ref_scores.to_rows(kl_logprob(ref_scores, self.algo, self.learned_logits)))
         per_token = kl_estimate(torch.cat(current), torch.cat(ref), self.algo.kl_estimator)
@@ -274,6 +305,8 @@ class Learner:
             m.POLICY_RATIO_MIN: totals["ratio_min"],
             m.LR: self.backend.lr,
         })
+        if self.lora is not None:
+            metrics.update(self._adapter_norms())
         if self.algo.correction != "none":
             kept = totals["correction_tokens"] - totals["correction_masked"]
             metrics[m.CORRECTION_MASKED_FRAC] = totals["correction_masked"] / max(totals["correction_tokens"], 1.0)
@@ -288,13 +321,40 @@ class Learner:
             self.version += 1
         return metrics
 
+    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter tensors (under ZeRO-3 the adapters alone are gathered: a collective)."""
+        if not self.backend.partitioned:
+            return adapter_state_dict(self.policy)
+        import deepspeed
+
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(params):
+            return {k: v.detach().clone() for k, v in adapter_state_dict(self.policy).items()}
+
+    def _adapter_norms(self) -> dict[str, float]:
+        """``lora/*`` norms of the adapters (gathered under ZeRO-3: every rank calls it)."""
+        if not self.backend.partitioned:
+            return adapter_norms(self.policy)
+        import deepspeed
+
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(params):
+            return adapter_norms(self.policy)
+
     # -- 3. weights out, checkpoints ----------------------------------------------------------
     def rollout_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
         """``(version, tensors)`` for `RolloutEngine.load_weights`: the policy's full tensors
         (gathered under ZeRO-3 — a collective, every rank calls it) in the engines' dtype, plus
         ``loop_weight_logits`` with learned loop weights. Tensors already in that dtype are the
-        learner's own (no copy), so an engine sharing the model loads them for free."""
-        tensors = self.backend.full_state_dict(self.policy)
+        learner's own (no copy), so an engine sharing the model loads them for free. A LoRA
+        learner sends its adapter tensors alone (``sync: adapters``: the engines hold the frozen
+        base already) or the base with the adapters merged in (``sync: merged``)."""
+        if self.lora is not None and self.sync == "adapters":
+            tensors = self._adapter_tensors()
+        else:
+            tensors = self.backend.full_state_dict(self.policy)
+            if self.lora is not None:
+                tensors = merged_state_dict(tensors, self.policy.config)
 
         def cast(t: torch.Tensor) -> torch.Tensor:
             t = t.detach()
@@ -316,6 +376,9 @@ class Learner:
         self.backend.save(directory)
         if self.main:
             self.policy.save_pretrained(directory, safe_serialization=True, state_dict=weights)
+            if self.lora is not None:
+                base = getattr(self.policy.config, "_name_or_path", "")
+                write_peft_adapter(self.policy, directory / ADAPTER_DIR, base, state=weights)
             state = {"version": self.version}
             if self.learned_logits is not None:
                 state[LOOP_WEIGHTS] = self.learned_logits.detach().float().cpu().clone()

@@ -117,6 +117,45 @@ class AlgorithmConfig:
             self.correction, self.correction_cap = "token_tis", self.tis_cap
 
 
+#: ``learner.lora.target_modules``' default: every attention and MLP projection of the shared block
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSection:
+    """``learner.lora``: train LoRA adapters instead of the whole model (`rltt.model.adapters`).
+
+    ``rank`` r and ``alpha`` (the update is alpha/r · B A), ``dropout`` on the adapters' input while
+    training, ``target_modules`` (default: every attention and MLP projection), ``per_loop``: one
+    adapter per loop step (true) or one shared by every step (false). Only the adapters get
+    gradients and optimizer state; the base stays frozen in the model's dtype, and the KL reference
+    is the base with the adapters off (no second copy)."""
+
+    rank: PositiveInt = 16
+    alpha: PositiveFloat = 32.0
+    dropout: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    per_loop: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self, "learner.lora")
+        bad = [t for t in self.target_modules if t not in LORA_DEFAULT_TARGETS]
+        if bad:
+            raise recipe_error("learner.lora.target_modules", f"unknown module {bad[0]!r}; choose from "
+                                                              f"{', '.join(LORA_DEFAULT_TARGETS)}")
+        if not self.target_modules:
+            raise recipe_error("learner.lora.target_modules", "must name at least one projection")
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise recipe_error("learner.lora.target_modules", f"names a module twice: {self.target_modules}")
+
+    def spec(self):
+        """The `rltt.model.adapters.AdapterSpec` of this section."""
+        from rltt.model.adapters import AdapterSpec
+
+        return AdapterSpec(self.rank, float(self.alpha), tuple(self.target_modules), self.per_loop,
+                           float(self.dropout))
+
+
 @dataclass
 class LearnerConfig:
     """Optimisation: ``backend`` torch (plain PyTorch AdamW) or deepspeed (ZeRO ``zero_stage``).
@@ -136,6 +175,8 @@ class LearnerConfig:
     and the 16-bit head weight are upcast inside the kernel, tile by tile: no fp32 weight copy),
     which brings its log-probs closer to an fp32 rollout's (lower ``mismatch/*``); the gates and
     the carried state stay as computed. A no-op on an fp32 learner.
+
+    ``lora``: train LoRA adapters only (`LoraSection`); null (the default) trains every parameter.
     """
 
     backend: Literal[tuple(BACKENDS)] = "torch"  # type: ignore[valid-type]  # the backend table's names
@@ -150,6 +191,7 @@ class LearnerConfig:
     pack_sequences: bool = True
     activation_checkpointing: bool = False
     lm_head_dtype: Literal[tuple(LM_HEAD_DTYPES)] = "model"  # type: ignore[valid-type]  # the table's names
+    lora: LoraSection | None = None  # null: full fine-tuning
 
     def __post_init__(self) -> None:
         check_fields(self, "learner")

@@ -27,7 +27,9 @@ class LoopConfig(PreTrainedConfig):
     - ``norm_placement``: ``pre`` | ``post`` | ``sandwich`` | ``ouro`` (= sandwich + carried norm).
     - ``final_norm``: ``rmsnorm`` (norm_f after every step) or ``none``.
     - ``exit_policy``: default policy of the forward: ``final`` | ``fixed:k`` | ``threshold:q`` | ``sample``.
-    - ``lora_rank``: step-wise LoRA rank (0 = off) on ``lora_targets``.
+    - ``lora_rank``: LoRA rank (0 = off) on ``lora_targets``, scaled by ``lora_alpha / lora_rank``;
+      ``lora_per_loop``: one adapter per loop step (true) or one shared by all steps;
+      ``lora_dropout``: dropout on the adapter's input while training.
     """
 
     model_type = "rltt_looped"
@@ -65,6 +67,8 @@ class LoopConfig(PreTrainedConfig):
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None
+    lora_per_loop: bool = True
+    lora_dropout: float = 0.0
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -105,6 +109,8 @@ class LoopConfig(PreTrainedConfig):
                               ("final_norm", FINAL_NORMS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_rank < 0:
             raise ConfigError(f"lora_rank must be >= 0, got {self.lora_rank}")
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]

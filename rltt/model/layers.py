@@ -89,26 +89,47 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
 
 
 class StepLinear(nn.Linear):
-    """nn.Linear with an optional LoRA adapter per loop step (docs/design.md §1, off by default).
+    """nn.Linear with an optional LoRA adapter: one per loop step (``per_loop``, the pretraining
+    step-wise LoRA, docs/design.md §1) or one shared by every loop step (RL's ``learner.lora``
+    with ``per_loop: false``). Off by default.
 
     ``forward(x, step)``: step is a 1-based int for the whole batch or a LongTensor (B,) giving
-    each row its own step (depth-mixed batching).
+    each row its own step (depth-mixed batching). With an adapter the output is
+    ``W x + b + scale · B (A dropout(x))``, scale = alpha / rank; ``lora_enabled = False``
+    (`rltt.model.adapters.adapters_disabled`) computes ``W x + b`` alone — the base's very
+    operator, so its bits. ``lora_A`` (n, r, in) and ``lora_B`` (n, out, r) hold n = T adapters
+    per loop or n = 1 shared.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, num_loops: int = 1,
-                 lora_rank: int = 0, lora_alpha: float = 16.0):
+                 lora_rank: int = 0, lora_alpha: float = 16.0, per_loop: bool = True, dropout: float = 0.0):
         super().__init__(in_features, out_features, bias=bias)
-        self.lora_rank = lora_rank
+        self.lora_rank = 0
+        self.lora_enabled = True
         if lora_rank:
-            self.lora_scale = lora_alpha / lora_rank
-            self.lora_A = nn.Parameter(torch.empty(num_loops, lora_rank, in_features))
-            self.lora_B = nn.Parameter(torch.zeros(num_loops, out_features, lora_rank))
-            nn.init.normal_(self.lora_A, std=1.0 / lora_rank)
+            self.add_lora(lora_rank, lora_alpha, num_loops, per_loop, dropout)
+
+    def add_lora(self, rank: int, alpha: float, num_loops: int, per_loop: bool = True, dropout: float = 0.0,
+                 generator: torch.Generator | None = None) -> None:
+        """Give this layer an adapter: A ~ N(0, 1/rank²) (drawn from ``generator`` when given), B = 0,
+        so the layer's function is unchanged until B is trained; in this layer's dtype and device."""
+        w = self.weight
+        self.lora_rank, self.lora_scale, self.lora_per_loop = rank, alpha / rank, per_loop
+        n = num_loops if per_loop else 1
+        a = torch.empty(n, rank, self.in_features, dtype=torch.float32)
+        a.normal_(0.0, 1.0 / rank, generator=generator)
+        self.lora_A = nn.Parameter(a.to(device=w.device, dtype=w.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(n, self.out_features, rank, dtype=w.dtype, device=w.device))
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else None
 
     def forward(self, x: torch.Tensor, step: Step = 1) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
-        if not self.lora_rank:
+        if not self.lora_rank or not self.lora_enabled:
             return out
+        if self.lora_dropout is not None:
+            x = self.lora_dropout(x)
+        if not self.lora_per_loop:  # one adapter for every step, whatever the rows' steps
+            step = 1
         if isinstance(step, int):
             a, b = self.lora_A[step - 1], self.lora_B[step - 1]
             return out + F.linear(F.linear(x, a), b) * self.lora_scale
@@ -251,7 +272,8 @@ class Attention(nn.Module):
         def proj(name: str, fan_in: int, fan_out: int) -> StepLinear:
             rank = config.lora_rank if name in config.lora_targets else 0
             bias = config.attention_out_bias if name == "o_proj" else config.attention_bias
-            return StepLinear(fan_in, fan_out, bias, config.num_loops, rank, config.lora_alpha)
+            return StepLinear(fan_in, fan_out, bias, config.num_loops, rank, config.lora_alpha,
+                              config.lora_per_loop, config.lora_dropout)
 
         self.q_proj = proj("q_proj", d, self.num_heads * hd)
         self.k_proj = proj("k_proj", d, self.num_kv_heads * hd)
@@ -262,9 +284,12 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        # decode's one q/k/v GEMM (module docstring); a step-wise LoRA on q, k or v keeps three
-        self.fusable = not any(p.lora_rank for p in (self.q_proj, self.k_proj, self.v_proj))
         self.fused_qkv = FusedWeights()
+
+    @property
+    def fusable(self) -> bool:
+        """Decode's one q/k/v GEMM (module docstring); a LoRA adapter on q, k or v keeps three."""
+        return not any(p.lora_rank for p in (self.q_proj, self.k_proj, self.v_proj))
 
     def _apply(self, fn, recurse: bool = True):
         self.fused_qkv.clear()  # `.to()`, `.half()`, …: rebuilt from the converted weights on next use
@@ -328,7 +353,8 @@ class MLP(nn.Module):
 
         def proj(name: str, fan_in: int, fan_out: int) -> StepLinear:
             rank = config.lora_rank if name in config.lora_targets else 0
-            return StepLinear(fan_in, fan_out, config.mlp_bias, config.num_loops, rank, config.lora_alpha)
+            return StepLinear(fan_in, fan_out, config.mlp_bias, config.num_loops, rank, config.lora_alpha,
+                              config.lora_per_loop, config.lora_dropout)
 
         self.gate_proj = proj("gate_proj", d, f)
         self.up_proj = proj("up_proj", d, f)

@@ -85,3 +85,51 @@ def load_ouro(path: str | Path, dtype: torch.dtype | None = None, **overrides) -
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+def loop_to_ouro_config(config: LoopConfig) -> dict:
+    """The Ouro config.json of a `LoopConfig` Ouro's layout can hold (sandwich norms, the norm carried,
+    no injection, an RMSNorm after every step, no biases beyond q/k/v's, no adapters): the inverse of
+    `ouro_to_loop_config`."""
+    why = [f"{name}={getattr(config, name)!r}" for name, ok in (
+        ("norm_placement", config.norm_placement in ("ouro", "sandwich") and config.carry_normed_state),
+        ("injection", config.injection == "none"), ("final_norm", config.final_norm == "rmsnorm"),
+        ("qk_norm", not config.qk_norm), ("mlp_bias", not config.mlp_bias),
+        ("attention_out_bias", config.attention_out_bias == config.attention_bias and not config.attention_out_bias),
+        ("lora_rank", not config.lora_rank)) if not ok]
+    if why:
+        raise RlttError(f"save_ouro: Ouro's layout cannot hold {why[0]} (merge adapters first; sandwich norms "
+                        f"with the carried norm, no injection)")
+    threshold = None
+    if config.exit_policy.startswith("threshold:"):
+        threshold = float(config.exit_policy.split(":", 1)[1])
+    return {"model_type": "ouro", "architectures": ["OuroForCausalLM"], "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+            "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+            "hidden_act": config.hidden_act, "max_position_embeddings": config.max_position_embeddings,
+            "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+            "attention_bias": bool(config.attention_bias), "tie_word_embeddings": bool(config.tie_word_embeddings),
+            "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
+            "eos_token_id": config.eos_token_id, "total_ut_steps": config.num_loops,
+            "early_exit_threshold": threshold}
+
+
+def save_ouro(model: LoopedForCausalLM, path: str | Path) -> Path:
+    """Write ``model`` as an Ouro checkpoint directory (config.json + model.safetensors, Ouro's
+    weight names), which `load_ouro` reads back to the same tensors."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    config = loop_to_ouro_config(model.config)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("rotary_emb.inv_freq") or (config["tie_word_embeddings"] and key == "lm_head.weight"):
+            continue
+        for old, new in RENAMES.items():
+            key = key.replace(new, old)
+        state[key] = value.detach().to("cpu").contiguous()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return path

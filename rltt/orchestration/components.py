@@ -15,6 +15,7 @@ import torch
 
 from rltt.learner import Learner
 from rltt.learner.backends import BACKENDS
+from rltt.model.adapters import attach_adapters
 from rltt.orchestration.engines import ENGINES, make_engine as engine_for_section
 from rltt.orchestration.train_recipe import TrainRecipe
 from rltt.rollout import RolloutEngine
@@ -43,6 +44,8 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     prompt = recipe.data.max_prompt_tokens  # a multi-turn episode's later turns are prompted with prompt + history
     env = getattr(recipe, "env", None)
     sizing = {"prompt_tokens": prompt + (env.max_tokens if env is not None and env.enabled else 0)}
+    if recipe.learner.lora is not None and ENGINES[recipe.rollout.engine].applies_adapters:
+        attach_adapters(model, recipe.learner.lora.spec(), recipe.seed)  # the learner's, drawn alike
     if shares_model(recipe):
         return engine_for_section(recipe.rollout, model, **sizing)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
@@ -60,5 +63,7 @@ def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, ru
     """The learner of ``recipe.learner`` / ``recipe.algorithm`` for ``model``; with ``world``
     data-parallel ranks each trains on its 1/world of the step's batch. ``run_dir``: the run's
     directory (a DeepSpeed learner writes ``deepspeed_config.json`` there)."""
+    sync = "adapters" if ENGINES[recipe.rollout.engine].applies_adapters else "merged"
     return Learner(model, recipe.learner, recipe.algorithm, batch_size=recipe.batch_size // world,
-                   max_len=completion_budget(recipe), rollout_dtype=engine_dtype(recipe), run_dir=run_dir)
+                   max_len=completion_budget(recipe), rollout_dtype=engine_dtype(recipe), run_dir=run_dir,
+                   lora_seed=recipe.seed, sync=sync)

@@ -10,10 +10,12 @@ replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never
   batch of its passes holds (``auto`` and None: one batch per call); ``rollout.cuda_graphs``: its
   bucketed passes replayed as CUDA graphs (null: on with CUDA; true on CPU is a recipe error);
   ``rollout.attention``: ``sdpa`` or ``triton`` (`rltt.rollout.attention`; triton without a usable
-  Triton is a recipe error).
+  Triton is a recipe error). With ``learner.lora`` its model holds the adapters and applies them in
+  every pass (the learner's own arithmetic, so replay stays bitwise); an update sends the adapters.
 - ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
   checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
-  the call is a one-line error with the install command.
+  the call is a one-line error with the install command. With ``learner.lora`` it serves the base
+  with the (shared) adapters merged in, all weights sent at each update (``applies_adapters``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ class EngineSpec:
     schedules: tuple[str, ...]
     in_place: bool
     why: str = ""
+    #: it applies LoRA adapters in its passes (the model it samples with holds them, and a LoRA
+    #: learner sends it the adapter tensors alone); False: it serves the base with the adapters
+    #: merged in (shared adapters only), sent whole at each update
+    applies_adapters: bool = True
 
     def check_schedule(self, name: str, schedule: str) -> None:
         if schedule not in self.schedules:
@@ -85,7 +91,8 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "native": EngineSpec(_native, schedules=SCHEDULES, in_place=True),
-    "vllm": EngineSpec(_vllm, schedules=("dense",), in_place=False, why="vLLM computes every step of every token"),
+    "vllm": EngineSpec(_vllm, schedules=("dense",), in_place=False, why="vLLM computes every step of every token",
+                       applies_adapters=False),
 }
 
 

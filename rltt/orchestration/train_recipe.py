@@ -12,7 +12,7 @@ from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, Positi
                          load_recipe, recipe_error)
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.model.model_source import ModelSource
-from rltt.orchestration.engines import ENGINES
+from rltt.orchestration.engines import ENGINES, engine_spec
 from rltt.orchestration.orchestration_section import OrchestrationSection
 from rltt.planning.run_settings import DEFAULT_HEADROOM
 from rltt.rollout.attention import ATTENTION, DEFAULT_ATTENTION
@@ -250,6 +250,11 @@ class TrainRecipe:
         self.env.check_positions(self.data.max_prompt_tokens, source.max_positions if source is not None else None)
         parsed_exit_policy(self.train, "eval_exit_policy", "train.eval_exit_policy", self.model.known_num_loops())
         kind = policy.kind if policy is not None else ""
+        lora = self.learner.lora
+        if lora is not None and lora.per_loop and not engine_spec(self.rollout.engine).applies_adapters:
+            raise recipe_error("learner.lora.per_loop", f"true: rollout.engine={self.rollout.engine} serves merged "
+                                                        f"weights, and per-loop adapters do not merge into the one "
+                                                        f"shared block (use per_loop: false or rollout.engine: native)")
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability
             raise recipe_error("algorithm.exit_action", f"needs rollout.exit_policy: sample (the exit step is then "
                                                         f"drawn from p, part of the action), got "

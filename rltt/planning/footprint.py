@@ -41,6 +41,12 @@ model). DeepSpeed terms as 0.19.8 allocates them, measured at ZeRO 1-3 on CPU
     loop_gradients  b·(L·P_layer + d·[final norm]) when T > 1: every shared-block parameter is used by
                     each loop step, and autograd sums its T contributions in a buffer of its size from
                     the backward of loop T to that of loop 1, beside the gradients already accumulated
+    LoRA (``learner.lora``): the adapters are part of the weights (P counts them), no reference copy (the
+                    reference is the policy with its adapters off), and optimizer, master_weights,
+                    grad_buffers, gradients, loop_gradients and step_workspace take the adapters' parameter
+                    count A in place of P (largest module: the largest adapter tensor); activations count
+                    the adapters' rank-r intermediates (`rltt.planning.activations`) and keep the frozen
+                    layers' saved inputs (an upper bound: a frozen weight needs none for its own gradient)
     step_workspace  at the optimizer step (activations are freed by then): AdamW's temporaries (CUDA:
                     foreach, one fp32 moment of the local parameters; CPU: two fp32 copies of the largest
                     tensor it is handed — DeepSpeed ZeRO ≥ 1 hands it one flat fp32 partition, 8·part) +
@@ -99,13 +105,26 @@ LEARNER = ("gradients", "reduce_bucket", "loop_gradients", "activations", "logit
 ORDER = RESIDENT + ROLLOUT + LEARNER
 
 
+def trained_parameters(shape: ModelShape, s: RunSettings) -> int:
+    """The parameters the optimizer trains: every one, or with ``learner.lora`` the adapters alone
+    (``shape`` then holds them: `rltt.planning.memory_plan.plan_settings`)."""
+    return shape.adapter_parameters if s.lora else shape.parameters
+
+
+def largest_trained(shape: ModelShape, s: RunSettings) -> int:
+    """The largest trained tensor (a 16-bit ``.grad`` before its hook frees it; CPU AdamW's temporaries)."""
+    return shape.largest_adapter_parameters if s.lora else shape.largest_module_parameters
+
+
 def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, int]:
-    P, b = shape.parameters, s.train_bytes
+    b = s.train_bytes
+    P = trained_parameters(shape, s)  # the optimizer's, master weights' and gradients' parameters
     part = -(-P // s.gpus)
     ds = s.backend == "deepspeed"
-    weights = b * P
+    weights = b * shape.parameters
     if ds and s.zero_stage == 3:
-        weights = b * part + b * (shape.largest_module_parameters + min(DS_PREFETCH_BUCKET, P))
+        every = shape.parameters
+        weights = b * -(-every // s.gpus) + b * (shape.largest_module_parameters + min(DS_PREFETCH_BUCKET, every))
     if not ds:  # torch: AdamW on the fp32 parameters, or on the fp32 masters of a 16-bit module
         optimizer, master = 8 * P, 4 * P * _mixed_torch(s)
     elif s.zero_stage == 0:
@@ -121,7 +140,7 @@ def resident(shape: ModelShape, s: RunSettings, device_bytes: int) -> dict[str, 
     return {
         "runtime": RUNTIME[s.device],
         "weights": weights,
-        "reference": b * P if s.needs_reference else 0,
+        "reference": b * shape.parameters if s.needs_reference and not s.lora else 0,  # LoRA: adapters off
         "engine_copy": engine["engine_copy"],
         "engine_fused": engine["engine_fused"],
         "engine_graphs": engine["engine_graphs"],
@@ -144,7 +163,7 @@ def _bf16_deepspeed(s: RunSettings) -> bool:
 
 
 def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
-    P, b = shape.parameters, s.train_bytes
+    P, b = trained_parameters(shape, s), s.train_bytes
     part = -(-P // s.gpus)
     ds = s.backend == "deepspeed"
     local = part if ds and s.zero_stage >= 1 else P
@@ -159,7 +178,7 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     elif ds and s.zero_stage >= 2:  # an fp32 model (not re-measured)
         gradients = b * part + bucket
     elif _mixed_torch(s):  # the masters' fp32 sums, plus one 16-bit .grad while a hook adds it in
-        gradients = 4 * P + b * shape.largest_module_parameters
+        gradients = 4 * P + b * largest_trained(shape, s)
     else:
         gradients = b * P
     if ds and b == 4 and s.zero_stage >= 1:  # an fp32 model: DeepSpeed's fp32 gradient partition at the step
@@ -169,10 +188,12 @@ def learner(shape: ModelShape, s: RunSettings) -> dict[str, int]:
     elif ds and s.zero_stage >= 1:  # CPU: single-tensor AdamW on DeepSpeed's flat fp32 partition
         foreach = 2 * 4 * part
     else:  # CPU: two copies of the largest tensor
-        foreach = 2 * 4 * shape.largest_module_parameters
+        foreach = 2 * 4 * largest_trained(shape, s)
     positions, scored, keys = s.learner_positions()  # packed or padded (RunSettings.learner_positions)
     impl = "triton" if s.device == "cuda" else "chunked"
     shared = shape.layers * shape.layer_parameters() + shape.hidden * shape.final_norm
+    if s.lora:  # only the adapters have gradients to sum over the loop steps
+        shared = shape.adapter_parameters
     return {
         "gradients": gradients,
         "reduce_bucket": reduce_bucket,

@@ -31,6 +31,7 @@ class MemoryPlan:
     gpus: int
     model_kind: str
     parameters: int
+    trained_parameters: int  # what the optimizer trains: every parameter, or the LoRA adapters
     loops: int
     layers: int
     train_dtype: str
@@ -66,7 +67,8 @@ class MemoryPlan:
     def to_json(self) -> dict:
         return {
             "fits": self.fits, "device": self.device, "device_bytes": self.device_bytes, "gpus": self.gpus,
-            "model_kind": self.model_kind, "parameters": self.parameters, "loops": self.loops, "layers": self.layers,
+            "model_kind": self.model_kind, "parameters": self.parameters,
+            "trained_parameters": self.trained_parameters, "loops": self.loops, "layers": self.layers,
             "train_dtype": self.train_dtype, "engine": self.engine, "kv_bytes_per_token": self.kv_bytes_per_token,
             "sequence_tokens": self.sequence_tokens, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "rows_per_rank": self.rows_per_rank,
@@ -109,6 +111,12 @@ def plan_run(recipe, model_config_dict: dict, device_bytes: int, gpus: int = 1,
 def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> MemoryPlan:
     """The plan for already extracted settings (no verdict line: see `plan_run`)."""
     notes = []
+    if s.lora:  # the adapters as the learner attaches them (`rltt.model.adapters`)
+        shape = replace(shape, lora_rank=s.lora_rank, lora_targets=s.lora_targets, lora_per_loop=s.lora_per_loop)
+        notes.append(f"LoRA (learner.lora): rank {s.lora_rank} on {', '.join(s.lora_targets)}, "
+                     f"{'one adapter per loop step' if s.lora_per_loop else 'one adapter shared by all loops'}: "
+                     f"{shape.adapter_parameters:,} trained parameters; optimizer, master weights and gradients "
+                     f"are the adapters' only; no reference copy (the reference is the base with adapters off)")
     if s.prompt_tokens >= shape.max_positions:  # the engine rejects longer prompts
         s = replace(s, prompt_tokens=shape.max_positions - 1)
         notes.append(f"data.max_prompt_tokens is capped at the model's {shape.max_positions} positions minus one")
@@ -138,7 +146,8 @@ def plan_settings(shape: ModelShape, s: RunSettings, device_bytes: int) -> Memor
                      f"{s.micro_prompts} prompt(s) once, then every row's completion)")
     return MemoryPlan(
         fits=fits, device=s.device, device_bytes=device_bytes, gpus=s.gpus, model_kind=shape.kind,
-        parameters=shape.parameters, loops=shape.loops, layers=shape.layers,
+        parameters=shape.parameters, trained_parameters=comp.trained_parameters(shape, s), loops=shape.loops,
+        layers=shape.layers,
         train_dtype="bf16" if s.train_bytes == 2 else "fp32", engine=s.engine,
         kv_bytes_per_token=shape.kv_bytes_per_token(s.engine_bytes),
         prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens, rows_per_rank=s.rows_per_rank,

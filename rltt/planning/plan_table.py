@@ -45,7 +45,9 @@ def format_plan(plan, title: str = "") -> str:
         lines.append(title)
     lines += [
         f"model: {plan.model_kind}, {plan.parameters:,} parameters, T={plan.loops} loops × L={plan.layers} layers, "
-        f"trained in {plan.train_dtype}",
+        f"trained in {plan.train_dtype}"
+        + ("" if plan.trained_parameters == plan.parameters else
+           f"; {plan.trained_parameters:,} of them trained (LoRA adapters)"),
         f"device: {plan.device}, {plan.device_bytes / GIB:.2f} GiB per device × {plan.gpus}",
         f"rows: {plan.rows_per_rank} rollout rows per step per rank, {plan.prompt_tokens} prompt + "
         f"{plan.completion_tokens} completion = {plan.sequence_tokens} positions each; learner micro-batch "

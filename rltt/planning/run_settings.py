@@ -74,6 +74,9 @@ class RunSettings:
     attention: str = DEFAULT_ATTENTION  # rollout.attention (a captured triton pass keeps per-bucket inputs)
     continuous: bool = False  # rollout.continuous_batching: one executor of chunk_rows slots per call
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
+    lora_rank: int = 0  # learner.lora.rank (0: full fine-tuning)
+    lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
+    lora_per_loop: bool = False  # learner.lora.per_loop
 
     @classmethod
     def from_recipe(cls, recipe, device: str, gpus: int = 1) -> "RunSettings":
@@ -97,7 +100,13 @@ class RunSettings:
             attention=getattr(r, "attention", DEFAULT_ATTENTION),
             continuous=bool(getattr(r, "continuous_batching", False)) and r.engine == "native",
             headroom=recipe.train.memory_headroom,
+            **lora_settings(getattr(learner, "lora", None)),
         )
+
+    @property
+    def lora(self) -> bool:
+        """Whether the run trains LoRA adapters (``learner.lora``) instead of every parameter."""
+        return self.lora_rank > 0
 
     def budget_bytes(self, device_bytes: int) -> int:
         """What the plan may fill of a device of ``device_bytes``: all but ``train.memory_headroom``."""
@@ -156,6 +165,13 @@ class RunSettings:
             return m * (p + c), m * c, None
         prompts, suffix = self.micro_prompts, max(c - 1, 0)
         return prompts * p + m * suffix, m * c, prompts * p + m * (p + suffix)
+
+
+def lora_settings(lora) -> dict:
+    """The `RunSettings` fields of a ``learner.lora`` section (none: full fine-tuning)."""
+    if lora is None:
+        return {}
+    return {"lora_rank": lora.rank, "lora_targets": tuple(lora.target_modules), "lora_per_loop": bool(lora.per_loop)}
 
 
 def completion_width(rollout, env=None) -> int:

@@ -17,7 +17,7 @@ Parameter count, equal to ``sum(p.numel() for p in LoopedForCausalLM(config).par
     P       = V·d·(1 + [untied head]) + L·P_layer + d·[final_norm = rmsnorm] + (d + 1) + [injection = scalar]
     P_layer = 2·d·q + 2·d·kv + (q + 2·kv)·[attention_bias] + d·[attention_out_bias] + 2·D·[qk_norm]
               + 3·d·F + (2·F + d)·[mlp_bias] + d·(2 pre | 2 post | 4 sandwich/ouro)
-              + Σ over LoRA targets T·r·(fan_in + fan_out)
+              + Σ over LoRA targets n·r·(fan_in + fan_out)   (n = T per loop step, 1 shared)
 
 KV bytes per token, all T·L (step, layer) slots: ``T·L · 2 · Hkv · D · bytes(dtype)`` — what the
 native engine's `rltt.rollout.kv_cache.StepKVCache` preallocates per (row, position).
@@ -59,6 +59,7 @@ class ModelShape:
     lora_rank: int
     lora_targets: tuple[str, ...]
     max_positions: int
+    lora_per_loop: bool = True  # T adapters per target (step-wise) or one shared by every step
 
     @classmethod
     def of(cls, config: LoopConfig, kind: str = "rltt") -> "ModelShape":
@@ -71,7 +72,7 @@ class ModelShape:
                    attention_out_bias=bool(config.attention_out_bias), mlp_bias=bool(config.mlp_bias),
                    final_norm=config.final_norm == "rmsnorm", injection=config.injection == "scalar",
                    lora_rank=config.lora_rank, lora_targets=tuple(config.lora_targets or ()),
-                   max_positions=config.max_position_embeddings)
+                   max_positions=config.max_position_embeddings, lora_per_loop=bool(config.lora_per_loop))
 
     @property
     def q_dim(self) -> int:
@@ -101,10 +102,30 @@ class ModelShape:
         count = sum(i * o for i, o in self.projections().values())
         count += (q + 2 * kv) * self.attention_bias + d * self.attention_out_bias + 2 * self.head_dim * self.qk_norm
         count += (2 * f + d) * self.mlp_bias + self.norms_per_layer * d
-        if self.lora_rank:
-            count += sum(self.loops * self.lora_rank * (i + o) for name, (i, o) in self.projections().items()
-                         if name in self.lora_targets)
-        return count
+        return count + self.layer_adapter_parameters()
+
+    @property
+    def adapters_per_target(self) -> int:
+        """n: LoRA adapters per target projection (T per loop step, or 1 shared)."""
+        return self.loops if self.lora_per_loop else 1
+
+    def layer_adapter_parameters(self) -> int:
+        """The LoRA adapters of one layer: Σ over targets n·r·(fan_in + fan_out) (0 without)."""
+        if not self.lora_rank:
+            return 0
+        return sum(self.adapters_per_target * self.lora_rank * (i + o) for name, (i, o) in self.projections().items()
+                   if name in self.lora_targets)
+
+    @property
+    def adapter_parameters(self) -> int:
+        """Every LoRA adapter parameter of the model: L · `layer_adapter_parameters`."""
+        return self.layers * self.layer_adapter_parameters()
+
+    @property
+    def largest_adapter_parameters(self) -> int:
+        """The largest adapter tensor, ``lora_A`` (n, r, in) or ``lora_B`` (n, out, r): n·r·max(in, out)."""
+        return max((self.adapters_per_target * self.lora_rank * max(i, o) for name, (i, o) in self.projections().items()
+                    if name in self.lora_targets), default=0)
 
     @property
     def fused_parameters(self) -> int:

@@ -256,8 +256,9 @@ class PassBuckets:
         self.dtype, self.device = param.dtype, param.device
         self.hidden, self.head_dim = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        # int steps > 1 run one graph unless a step-wise LoRA picks its adapters by the step's value
-        self.stepwise = any(getattr(m, "lora_rank", 0) for m in model.modules())
+        # int steps > 1 run one graph unless a per-loop LoRA picks its adapters by the step's value
+        # (a shared adapter is the same at every step)
+        self.stepwise = any(getattr(m, "lora_rank", 0) and getattr(m, "lora_per_loop", True) for m in model.modules())
         self.buckets: dict[int, _Bucket] = {}
         self.signature: tuple | None = None
         self.graphs = graphs if graphs is not None else (CudaGraphs(self.device) if capture else None)

@@ -24,6 +24,7 @@ from typing import Mapping
 import torch
 
 from rltt.errors import RlttError
+from rltt.model.adapters import is_adapter
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.attention import DEFAULT_ATTENTION, PassSetup
 from rltt.rollout.buckets import pass_buckets
@@ -102,8 +103,14 @@ class NativeEngine(RolloutEngine):
 
     @torch.no_grad()
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``tensors`` into the model in place: every tensor of its state dict, or — a model
+        with LoRA adapters (`rltt.model.adapters`) — the adapter tensors alone (the frozen base is
+        already here)."""
         own = self.model.state_dict()
         unknown = sorted(set(tensors) - set(own) - set(EXTRA_WEIGHTS))
+        adapters = {k for k in own if is_adapter(k)}
+        if adapters and adapters <= set(tensors) and not any(k in tensors for k in own if k not in adapters):
+            own = {k: own[k] for k in adapters}  # an adapter-only update
         missing = sorted(set(own) - set(tensors))
         if unknown or missing:
             raise RlttError(f"NativeEngine.load_weights: unexpected tensors {unknown[:3]}, missing {missing[:3]}")

@@ -162,6 +162,9 @@ def summary_rows(run: RunData, other: RunData | None = None) -> list[tuple[str, 
     entropy = run.indexed(schema.ENTROPY_LOOP)
     if entropy:
         keys.insert(keys.index(schema.EXIT_MEAN_STEP), entropy[max(entropy)])
+    lora = lora_keys(run) + (lora_keys(other) if other is not None else [])
+    at = keys.index(schema.GRAD_NORM_TOTAL) + 1  # a LoRA run's adapters, group by group
+    keys[at:at] = list(dict.fromkeys(lora))
     rows = []
     for key in keys:
         if not run.has(key) and not (other and other.has(key)):
@@ -176,6 +179,12 @@ def summary_rows(run: RunData, other: RunData | None = None) -> list[tuple[str, 
             row += (_fmt(other.last(key)),)
         rows.append(row)
     return rows
+
+
+def lora_keys(run: RunData) -> list[str]:
+    """A LoRA run's ``lora/update_norm/<group>`` and ``lora/B_norm/<group>`` keys, by group."""
+    updates, bs = run.named(schema.LORA_UPDATE_NORM), run.named(schema.LORA_B_NORM)
+    return [key for group in sorted(set(updates) | set(bs)) for key in (updates.get(group), bs.get(group)) if key]
 
 
 def _verdict_line(report: Report) -> str:

@@ -161,6 +161,9 @@ REWARD_ERRORS_FN = "reward/errors/{fn}"
 GUARD_SKIPPED_STEPS = "guard/skipped_steps"
 GRAD_NORM_GROUP = "grad_norm/group/{name}"
 GRAD_NORM_LAYER = "grad_norm/layer/{i}"
+LORA_A_NORM = "lora/A_norm/{name}"
+LORA_B_NORM = "lora/B_norm/{name}"
+LORA_UPDATE_NORM = "lora/update_norm/{name}"
 ENTROPY_LOOP = "entropy/loop_{t}"
 EXIT_P = "exit/p_{t}"
 LM_LOSS_STEP = "lm/loss_step_{t}"
@@ -286,6 +289,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "lm_head, other)", "L2", "all"),
     MetricSpec(GRAD_NORM_LAYER, "L2 gradient norm of shared-block layer i (0-based)", "L2",
                "all"),
+    # LoRA adapters (learner.lora), per target group (q_proj, ..., down_proj)
+    MetricSpec(LORA_A_NORM, "Frobenius norm of a target group's LoRA A matrices (all layers and loop steps)",
+               "L2"),
+    MetricSpec(LORA_B_NORM, "Frobenius norm of a target group's LoRA B matrices (0 at the start)", "L2"),
+    MetricSpec(LORA_UPDATE_NORM, "norm of the weight update alpha/r * B A a target group's adapters make "
+               "(0 at the start: how far the policy moved from the base)", "L2"),
     # the loops
     MetricSpec(ENTROPY_LOOP, "mean token entropy of P^(t), loop t (1-based)", "nats/token"),
     MetricSpec(EXIT_P, "mean exit probability p_t of loop t over tokens (sums to 1 over t)",

@@ -24,3 +24,6 @@ def config_folder(root: Path, config: dict, name: str = "model") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+#: Ouro-2.6B's shape: Ouro-1.4B's layer, 48 layers
+OURO_2_6B = {**OURO_1_4B, "num_hidden_layers": 48}
