@@ -9,9 +9,8 @@ import pytest
 from rltt.orchestration.train_recipe import load_train_recipe
 from rltt.planning import plan_run
 from rltt.planning.footprint import GIB
-from rltt.planning.shapes import model_shape
 from tests.planning.helpers import OURO_1_4B, OURO_2_6B, TINY_LOOPED
-from tests.planning.test_recipe_claims import FIGURE_WORDS, FIGURES, claims, comment_blocks
+from tests.planning.test_recipe_claims import FIGURE_WORDS, FIGURES, claims, comment_blocks, plan_figures
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 #: LoRA recipe -> the model shape its claims are about
@@ -70,13 +69,7 @@ def test_the_lora_recipes_plan_claims_hold(name):
         assert m["name"] == name, m.group(0)
         plan = plan_run(_recipe(name, *m["overrides"].split()), LORA_RECIPES[name], int(float(m["gib"]) * GIB),
                         device="cuda")
-        actual = {
-            "chunk": (str(plan.rollout_rows_per_chunk), str(plan.chunks_per_step)),
-            "rollout": (f"{plan.phases['rollout'] / GIB:.1f}",),
-            "learner": (f"{plan.phases['learner'] / GIB:.1f}",),
-            "activations": (f"{plan.components['activations'] / GIB:.1f}",),
-            "verdict": ("fits" if plan.fits else "does not fit",),
-        }
+        actual = plan_figures(plan)
         stated = {key: rx.search(m["figures"]).groups() for key, rx in FIGURES.items() if rx.search(m["figures"])}
         assert stated == {key: actual[key] for key in stated}, (name, m.group(0), actual)
         verdicts.append((m["overrides"].strip(), plan.fits))

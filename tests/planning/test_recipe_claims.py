@@ -51,6 +51,18 @@ def comment_blocks(text: str) -> list[str]:
     return blocks
 
 
+def plan_figures(plan) -> dict[str, tuple[str, ...]]:
+    """What a plan says, in the claims' words (`FIGURES`' keys): rows per chunk and chunks, phase and
+    activation GiB to one decimal, the verdict."""
+    return {
+        "chunk": (str(plan.rollout_rows_per_chunk), str(plan.chunks_per_step)),
+        "rollout": (f"{plan.phases['rollout'] / GIB:.1f}",),
+        "learner": (f"{plan.phases['learner'] / GIB:.1f}",),
+        "activations": (f"{plan.components['activations'] / GIB:.1f}",),
+        "verdict": ("fits" if plan.fits else "does not fit",),
+    }
+
+
 def claims(name: str) -> list[re.Match]:
     return [m for block in comment_blocks((RECIPES / name).read_text()) for m in CLAIM.finditer(block)]
 
@@ -76,13 +88,7 @@ def test_every_plan_figure_in_a_gpu_recipe_is_a_claim_the_plan_makes_true(name):
         assert m["name"] == name, m.group(0)
         recipe = load_train_recipe(RECIPES / name, ["model.path=quickstart", *m["overrides"].split()])
         plan = plan_run(recipe, OURO_1_4B, int(float(m["gib"]) * GIB), device="cuda")
-        actual = {
-            "chunk": (str(plan.rollout_rows_per_chunk), str(plan.chunks_per_step)),
-            "rollout": (f"{plan.phases['rollout'] / GIB:.1f}",),
-            "learner": (f"{plan.phases['learner'] / GIB:.1f}",),
-            "activations": (f"{plan.components['activations'] / GIB:.1f}",),
-            "verdict": ("fits" if plan.fits else "does not fit",),
-        }
+        actual = plan_figures(plan)
         stated = {key: rx.search(m["figures"]).groups() for key, rx in FIGURES.items() if rx.search(m["figures"])}
         assert stated, f"{name}: a claim without figures: {m.group(0)}"
         assert stated == {key: actual[key] for key in stated}, (name, m.group(0), actual)
