@@ -127,15 +127,15 @@ class Row:
         self._append({"completion_ids": tokens, "exit_steps": exits, "logprobs": raw, "tempered_logprobs": tempered,
                       "kept_floor": [-1] * k if floors is None else floors}, k, sampled=True)
 
-    def force(self, tokens: Sequence[int], **values) -> None:
+    def force(self, tokens: Sequence[int], loops: int | None = None, **values) -> None:
         """Append forced (not sampled) tokens: no exit step, no log-probs (``values``: fields set
-        otherwise, e.g. ``versions``)."""
-        self._unsampled(tokens, "forced_mask", values)
+        otherwise, e.g. ``versions``). ``loops``: also append their gates as NaN — a producer that
+        computes none for them (the native engine reads a forced token's gates with the others')."""
+        self._unsampled(tokens, "forced_mask", values, loops)
 
     def add_env(self, tokens: Sequence[int], loops: int) -> None:
         """Append the environment's tokens (with NaN gates: the model computed no exit for them)."""
-        self._unsampled(tokens, "env_mask", {})
-        self.add_gates(torch.full((loops, len(tokens)), _NAN))
+        self._unsampled(tokens, "env_mask", {}, loops)
 
     def add_gates(self, gates: torch.Tensor | Sequence[Sequence[float]]) -> None:
         """Append the gates of the next tokens: a (T, k) tensor, or k per-token lists of T values."""
@@ -174,12 +174,14 @@ class Row:
             else:
                 self.values[f.name].extend([_sampled_default(f) if sampled else f.unsampled] * k)
 
-    def _unsampled(self, tokens: Sequence[int], mark: str, values: dict) -> None:
+    def _unsampled(self, tokens: Sequence[int], mark: str, values: dict, loops: int | None) -> None:
         k = len(tokens)
         given = {"completion_ids": tokens, mark: [True] * k}
         for name, value in values.items():
             given[name] = [value] * k
         self._append(given, k, sampled=False)
+        if loops is not None:
+            self.add_gates(torch.full((loops, k), _NAN))
 
     # -- transport ----------------------------------------------------------------------------
     def plain(self) -> dict:

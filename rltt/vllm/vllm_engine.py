@@ -514,7 +514,8 @@ class VllmEngine(RolloutEngine):
                     continue  # no room for the interruption and an answer: "length"
                 ids, total = then
                 if ids:
-                    _force(row, ids, self.num_loops)
+                    # NaN gates: vLLM runs forced tokens as prompt positions of the next request
+                    row.force(ids, self.num_loops)
                 cap = total - len(row)
                 if cap > 0 and len(prompts[i]) + len(row) < self.max_model_len:
                     more.append((r, prompts[i], row.ids, cap))
@@ -557,12 +558,6 @@ def _append(row: Row, seg: _Segment) -> None:
     row.extend(seg.tokens, seg.exits, seg.raw, seg.tempered)
     row.add_gates(seg.gates)
     row.finish = seg.finish
-
-
-def _force(row: Row, tokens: list[int], loops: int) -> None:
-    """Append forced tokens with NaN gates: vLLM runs them as prompt positions of the next request."""
-    row.force(tokens)
-    row.add_gates(torch.full((loops, len(tokens)), float("nan")))
 
 
 class _Segments:

@@ -175,7 +175,7 @@ def test_a_native_batch_is_replayable_and_stays_so_through_pickle_and_merge():
 def test_a_vllm_batch_is_not_replayable():
     """`VllmEngine._to_batch` on a stand-in engine (no vLLM started): rows stitched from segments
     with a forced interruption (NaN gates), a schedule that refuses replay, also once merged."""
-    from rltt.vllm.vllm_engine import VllmEngine, _append, _force, _Segment
+    from rltt.vllm.vllm_engine import VllmEngine, _append, _Segment
 
     assert VllmEngine.replayable is False
     engine = object.__new__(VllmEngine)
@@ -184,7 +184,7 @@ def test_a_vllm_batch_is_not_replayable():
     record = {"exits": [1, 2], "raw": [-1.0, -2.0], "tempered": [-0.5, -1.0], "gates": [[0.25, 0.5], [0.75, 1.0]]}
     first, second = Row(), Row()
     _append(first, _Segment([4, 6], record, "length"))
-    _force(first, [9], engine.num_loops)
+    first.force([9], engine.num_loops)
     _append(first, _Segment([5], record, "stop"))
     _append(second, _Segment([8], record, "length"))
     batch = engine._to_batch([[1, 2], [3]], [0, 1], [first, second], SamplingParams(seed=1), RolloutStats())

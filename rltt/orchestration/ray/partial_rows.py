@@ -82,8 +82,7 @@ class PartialRow(Row):
                 return
             ids, self.cap = then
             if ids:  # forced, not sampled: no gates computed for them
-                self.force(ids, versions=version)
-                self.add_gates(torch.full((batch.num_loops, len(ids)), float("nan")))
+                self.force(ids, batch.num_loops, versions=version)
         if len(self) >= self.limit(params, thinking):
             self.finish = "length"
 
