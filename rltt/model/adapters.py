@@ -15,7 +15,8 @@ back with them.
 - `write_peft_adapter`: PEFT's on-disk format (``adapter_config.json`` with ``peft_type: LORA``;
   ``adapter_model.safetensors`` with ``base_model.model.<module>.lora_A.weight`` (r, in) and
   ``lora_B.weight`` (out, r)). PEFT knows one adapter per module, so per-loop adapters are written
-  as one PEFT adapter per loop step, ``loop_<t>/``.
+  as one PEFT adapter per loop step, ``loop_<t>/``. `write_peft_state` writes the same from
+  adapter tensors alone (what a vLLM engine serving the adapters receives at each update).
 - `adapter_norms`: ``lora/*`` telemetry per target group.
 """
 
@@ -202,14 +203,23 @@ def write_peft_adapter(model: torch.nn.Module, directory: str | Path, base: str 
     """``model``'s adapters in PEFT's format into ``directory`` (module docstring); ``base``: the
     base model's path, recorded as ``base_model_name_or_path``; ``state``: the model's full state
     dict when already gathered (ZeRO-3). Returns the directory."""
-    from safetensors.torch import save_file
-
     spec = model_spec(model)
     if spec is None:
         raise RlttError("write_peft_adapter: the model holds no LoRA adapters")
+    state = adapter_state_dict(model) if state is None else state
+    return write_peft_state(state, spec, model.config.num_loops, directory, base)
+
+
+def write_peft_state(state: dict[str, torch.Tensor], spec: AdapterSpec, num_loops: int, directory: str | Path,
+                     base: str = "") -> Path:
+    """Adapter tensors (rltt's names, ``lora_A`` (n, r, in) / ``lora_B`` (n, out, r); other names
+    are skipped) of adapters ``spec`` in PEFT's format into ``directory``: what `write_peft_adapter`
+    writes of a model, and what an engine serving PEFT adapters (vLLM) loads. Returns the directory."""
+    from safetensors.torch import save_file
+
     directory = Path(directory)
-    state = adapter_state_dict(model) if state is None else {k: v for k, v in state.items() if is_adapter(k)}
-    loops = model.config.num_loops if spec.per_loop else 1
+    state = {k: v for k, v in state.items() if is_adapter(k)}
+    loops = num_loops if spec.per_loop else 1
     for t in range(loops):
         folder = directory / f"loop_{t + 1}" if spec.per_loop else directory
         folder.mkdir(parents=True, exist_ok=True)
@@ -225,7 +235,6 @@ def write_peft_adapter(model: torch.nn.Module, directory: str | Path, base: str 
             "init_lora_weights": True, "modules_to_save": None,
         }
         (folder / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        loop = {"per_loop": spec.per_loop, "loop_step": t + 1 if spec.per_loop else None,
-                "num_loops": model.config.num_loops}
+        loop = {"per_loop": spec.per_loop, "loop_step": t + 1 if spec.per_loop else None, "num_loops": num_loops}
         (folder / RLTT_ADAPTER).write_text(json.dumps(loop, indent=2) + "\n")
     return directory

@@ -44,8 +44,12 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     prompt = recipe.data.max_prompt_tokens  # a multi-turn episode's later turns are prompted with prompt + history
     env = getattr(recipe, "env", None)
     sizing = {"prompt_tokens": prompt + (env.max_tokens if env is not None and env.enabled else 0)}
-    if recipe.learner.lora is not None and ENGINES[recipe.rollout.engine].applies_adapters:
-        attach_adapters(model, recipe.learner.lora.spec(), recipe.seed)  # the learner's, drawn alike
+    lora = recipe.learner.lora
+    mode = ENGINES[recipe.rollout.engine].adapters(recipe.rollout) if lora is not None else None
+    if mode == "model":
+        attach_adapters(model, lora.spec(), recipe.seed)  # the learner's, drawn alike
+    elif mode == "served":
+        sizing["lora"] = lora.spec()  # the engine loads the adapters the learner sends as its own LoRA
     if shares_model(recipe):
         return engine_for_section(recipe.rollout, model, **sizing)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
@@ -63,7 +67,7 @@ def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, ru
     """The learner of ``recipe.learner`` / ``recipe.algorithm`` for ``model``; with ``world``
     data-parallel ranks each trains on its 1/world of the step's batch. ``run_dir``: the run's
     directory (a DeepSpeed learner writes ``deepspeed_config.json`` there)."""
-    sync = "adapters" if ENGINES[recipe.rollout.engine].applies_adapters else "merged"
+    sync = "merged" if ENGINES[recipe.rollout.engine].adapters(recipe.rollout) == "merged" else "adapters"
     return Learner(model, recipe.learner, recipe.algorithm, batch_size=recipe.batch_size // world,
                    max_len=completion_budget(recipe), rollout_dtype=engine_dtype(recipe), run_dir=run_dir,
                    lora_seed=recipe.seed, sync=sync)

@@ -14,8 +14,13 @@ replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never
   every pass (the learner's own arithmetic, so replay stays bitwise); an update sends the adapters.
 - ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
   checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
-  the call is a one-line error with the install command. With ``learner.lora`` it serves the base
-  with the (shared) adapters merged in, all weights sent at each update (``applies_adapters``).
+  the call is a one-line error with the install command. With ``learner.lora`` (shared adapters)
+  it serves them through vLLM's own LoRA support and an update sends the adapters alone
+  (``rollout.vllm.lora: adapters``, the default), or serves the base with the adapters merged in,
+  all weights sent at each update (``rollout.vllm.lora: merged``).
+
+How an engine applies a LoRA learner's adapters is `EngineSpec.adapters` of the rollout section,
+one of `ADAPTER_MODES`; the learner's sync and the engine's construction follow from it.
 """
 
 from __future__ import annotations
@@ -40,9 +45,9 @@ def vllm_options(section: Any) -> dict[str, Any]:
     options = _get(section, "vllm")
     if options is None:
         return {}
-    if is_dataclass(options):
-        return asdict(options)
-    return dict(options)
+    options = asdict(options) if is_dataclass(options) else dict(options)
+    options.pop("lora", None)  # how LoRA adapters are served: `EngineSpec.adapters`, not an engine option
+    return options
 
 
 def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
@@ -68,6 +73,18 @@ def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
     return VllmEngine(model_or_dir, **{**recipe_sizing(rollout), **vllm_options(rollout), **overrides})
 
 
+#: how an engine applies a LoRA learner's adapters (`EngineSpec.adapters`):
+#: ``model``: the model it samples with holds them (`rltt.model.adapters.attach_adapters`), shared or
+#: one per loop step, and an update sends the adapter tensors alone; ``served``: it loads them as its
+#: own LoRA (shared adapters only), an update sends the adapter tensors alone; ``merged``: it serves
+#: the base with the shared adapters merged in, an update sends every weight
+ADAPTER_MODES = ("model", "served", "merged")
+
+
+def _vllm_adapters(rollout: Any) -> str:
+    return "served" if _get(_get(rollout, "vllm"), "lora", "adapters") == "adapters" else "merged"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine a recipe can name. ``build(rollout_section, model_or_dir, overrides)``;
@@ -78,10 +95,8 @@ class EngineSpec:
     schedules: tuple[str, ...]
     in_place: bool
     why: str = ""
-    #: it applies LoRA adapters in its passes (the model it samples with holds them, and a LoRA
-    #: learner sends it the adapter tensors alone); False: it serves the base with the adapters
-    #: merged in (shared adapters only), sent whole at each update
-    applies_adapters: bool = True
+    #: ``adapters(rollout_section)``: how it applies a LoRA learner's adapters (`ADAPTER_MODES`)
+    adapters: Callable[[Any], str] = lambda rollout: "model"
 
     def check_schedule(self, name: str, schedule: str) -> None:
         if schedule not in self.schedules:
@@ -92,7 +107,7 @@ class EngineSpec:
 ENGINES: dict[str, EngineSpec] = {
     "native": EngineSpec(_native, schedules=SCHEDULES, in_place=True),
     "vllm": EngineSpec(_vllm, schedules=("dense",), in_place=False, why="vLLM computes every step of every token",
-                       applies_adapters=False),
+                       adapters=_vllm_adapters),
 }
 
 

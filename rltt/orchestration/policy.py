@@ -12,7 +12,8 @@ import torch
 from rltt.data.reasoning import thinking_budget
 from rltt.data.rewards import RewardRunner
 from rltt.errors import RlttError
-from rltt.orchestration.engines import make_engine
+from rltt.model.adapters import merge_adapters_, model_spec
+from rltt.orchestration.engines import engine_spec, make_engine
 from rltt.rollout import RolloutEngine, SamplingParams
 from rltt.runtime.device import pick_device
 from rltt.sections import parsed_exit_policy
@@ -116,6 +117,8 @@ class RecipePolicy:
             net, tokenizer = load_policy(path, recipe.model.dtype, recipe.model.device, recipe.model.convert)
             net.eval()
             planned = with_chunk_rows(replace(recipe, model=replace(recipe.model, path=str(path))))
+            if model_spec(net) is not None and engine_spec(planned.rollout.engine).adapters(planned.rollout) != "model":
+                merge_adapters_(net)  # a LoRA checkpoint on an engine whose model holds no adapters (vLLM)
             engine = make_engine(planned.rollout, net)
         except BaseException:
             runner.close()

@@ -120,8 +120,11 @@ class VllmSection:
     ``enable_prefix_caching`` (a group's rows share their prompt's KV); ``multiprocess``: vLLM's
     engine core in its own process; ``sleep``: free the GPU (vLLM sleep level 1: weights to CPU
     memory, KV cache dropped) while the learner updates, waking for each rollout (null: on with
-    CUDA, off on CPU, where vLLM cannot sleep). A KV cache too small for one ``max_model_len``
-    sequence is an error naming these keys before vLLM starts."""
+    CUDA, off on CPU, where vLLM cannot sleep); ``lora``: with ``learner.lora`` (shared adapters),
+    ``adapters`` serves them through vLLM's own LoRA support and each update sends the adapter
+    tensors alone, ``merged`` serves the base with the adapters merged in and sends every weight.
+    A KV cache too small for one ``max_model_len`` sequence is an error naming these keys before
+    vLLM starts."""
 
     kv_cache_gb: Annotated[float, Range(ge=1, why="GiB")] = 1.0
     gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.5
@@ -132,12 +135,14 @@ class VllmSection:
     enable_prefix_caching: bool = True
     multiprocess: bool = False
     sleep: bool | None = None
+    lora: Literal["adapters", "merged"] = "adapters"
 
     def engine_options(self) -> dict:
-        """Keyword arguments of `rltt.vllm.vllm_engine.VllmEngine`."""
+        """Keyword arguments of `rltt.vllm.vllm_engine.VllmEngine` (``lora`` is how the engine is
+        built, not an option of it)."""
         from dataclasses import asdict
 
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "lora"}
 
 
 @dataclass
@@ -251,10 +256,17 @@ class TrainRecipe:
         parsed_exit_policy(self.train, "eval_exit_policy", "train.eval_exit_policy", self.model.known_num_loops())
         kind = policy.kind if policy is not None else ""
         lora = self.learner.lora
-        if lora is not None and lora.per_loop and not engine_spec(self.rollout.engine).applies_adapters:
-            raise recipe_error("learner.lora.per_loop", f"true: rollout.engine={self.rollout.engine} serves merged "
-                                                        f"weights, and per-loop adapters do not merge into the one "
-                                                        f"shared block (use per_loop: false or rollout.engine: native)")
+        if lora is not None and lora.per_loop and engine_spec(self.rollout.engine).adapters(self.rollout) != "model":
+            raise recipe_error("learner.lora.per_loop", f"true: rollout.engine={self.rollout.engine} applies one "
+                                                        f"adapter to every loop step (merged or served), and per-loop "
+                                                        f"adapters differ between steps (use per_loop: false or "
+                                                        f"rollout.engine: native)")
+        if lora is not None and engine_spec(self.rollout.engine).adapters(self.rollout) == "served":
+            from rltt.vllm.lora import VLLM_LORA_RANKS
+
+            if lora.rank > VLLM_LORA_RANKS[-1]:
+                raise recipe_error("learner.lora.rank", f"vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
+                                                        f"{lora.rank} (rollout.vllm.lora: merged serves any rank)")
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability
             raise recipe_error("algorithm.exit_action", f"needs rollout.exit_policy: sample (the exit step is then "
                                                         f"drawn from p, part of the action), got "

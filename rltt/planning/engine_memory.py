@@ -9,7 +9,10 @@ keyed like ``rollout.engine``):
   the rows per chunk (``rollout.chunk_rows``) and frees them before the learner runs.
 - **vllm**: its share of the device — ``gpu_memory_utilization`` × device memory on a GPU,
   ``kv_cache_gb`` plus its copy of the weights on the CPU — inside which it keeps its KV cache and
-  batches the step's rows itself; the plan can lower its share to make room (`memory_changes`).
+  batches the step's rows itself. Its weights in a LoRA run (`VllmMemory.weights`): the base, and
+  with ``rollout.vllm.lora: adapters`` the loaded adapter (its CPU cache) and its LoRA layers'
+  adapter slot (`rltt.planning.shapes.ModelShape.vllm_lora_slot_parameters`, at the padded rank of
+  `rltt.vllm.lora.lora_slot_rank`); merged, the base alone; the plan can lower its share to make room (`memory_changes`).
   Asleep (``rollout.vllm.sleep``, on by default with CUDA) it holds through the learner phase only
   what sleep level 1 keeps (`VLLM_ASLEEP`); the rest of its share (``vllm_woken``) counts in the
   rollout phase alone.
@@ -124,11 +127,24 @@ class VllmMemory:
     def shares_model(self, s: "RunSettings") -> bool:
         return False
 
+    def weights(self, shape: "ModelShape", s: "RunSettings") -> int:
+        """The parameters it holds: the model's; in a LoRA run the base, plus with served adapters
+        one loaded adapter and the adapter slot of its LoRA layers (module docstring)."""
+        if not s.lora:
+            return shape.parameters
+        base = shape.parameters - shape.adapter_parameters
+        if s.vllm_lora == "merged":
+            return base
+        from rltt.vllm.lora import lora_slot_rank
+
+        return base + shape.adapter_parameters + shape.vllm_lora_slot_parameters(lora_slot_rank(s.lora_rank))
+
     def share(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> int:
-        """Its share awake: ``gpu_memory_utilization`` × the GPU, or its KV space and weights on the CPU."""
+        """Its share awake: ``gpu_memory_utilization`` × the GPU (its weights inside it), or its KV
+        space and weights on the CPU."""
         if s.device == "cuda":
             return int(s.vllm_utilization * device_bytes)
-        return int(s.vllm_kv_gb * GIB) + s.engine_bytes * shape.parameters
+        return int(s.vllm_kv_gb * GIB) + s.engine_bytes * self.weights(shape, s)
 
     def held(self, shape: "ModelShape", s: "RunSettings", device_bytes: int) -> int:
         """What it holds through the learner phase: the whole share, or asleep what sleep keeps."""
@@ -149,7 +165,7 @@ class VllmMemory:
         kept = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, (size, applies) in VLLM_ASLEEP.items()
                          if applies(s)) or "nothing counted"
         return (f"rollout.vllm.sleep: vLLM sleeps (level 1) through the learner phase — its weights go to pinned "
-                f"CPU memory ({s.engine_bytes * shape.parameters / GIB:.2f} GiB of host RAM, not GPU memory), its "
+                f"CPU memory ({s.engine_bytes * self.weights(shape, s) / GIB:.2f} GiB of host RAM, not GPU memory), its "
                 f"KV cache is dropped; it keeps {kept} (allowances, not measured)")
 
     def chunk_rows(self, s: "RunSettings", fits: Callable[[int], bool]) -> tuple[int, str | None]:

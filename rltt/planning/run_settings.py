@@ -70,6 +70,7 @@ class RunSettings:
     vllm_sleep: bool = False  # rollout.vllm.sleep as the engine resolves it (null: on with CUDA, never on CPU)
     vllm_eager: bool = False  # rollout.vllm.enforce_eager as resolved (null: eager on CPU, CUDA graphs on GPU)
     vllm_multiprocess: bool = False  # rollout.vllm.multiprocess: vLLM's engine core in a process of its own
+    vllm_lora: str = "adapters"  # rollout.vllm.lora: a LoRA run's adapters served by vLLM's LoRA, or merged
     cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
     attention: str = DEFAULT_ATTENTION  # rollout.attention (a captured triton pass keeps per-bucket inputs)
     continuous: bool = False  # rollout.continuous_batching: one executor of chunk_rows slots per call
@@ -95,7 +96,7 @@ class RunSettings:
             fp32_head=getattr(learner, "lm_head_dtype", "model") == "fp32",
             vllm_sleep=(device == "cuda") if r.vllm.sleep is None else (bool(r.vllm.sleep) and device == "cuda"),
             vllm_eager=(device == "cpu") if r.vllm.enforce_eager is None else bool(r.vllm.enforce_eager),
-            vllm_multiprocess=bool(r.vllm.multiprocess),
+            vllm_multiprocess=bool(r.vllm.multiprocess), vllm_lora=getattr(r.vllm, "lora", "adapters"),
             cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
             attention=getattr(r, "attention", DEFAULT_ATTENTION),
             continuous=bool(getattr(r, "continuous_batching", False)) and r.engine == "native",

@@ -121,6 +121,12 @@ class ModelShape:
         """Every LoRA adapter parameter of the model: L · `layer_adapter_parameters`."""
         return self.layers * self.layer_adapter_parameters()
 
+    def vllm_lora_slot_parameters(self, slot_rank: int) -> int:
+        """What vLLM's LoRA layers hold for one adapter slot of rank ``slot_rank`` (`rltt.vllm.lora`):
+        vLLM wraps every projection of every layer, whatever the adapter targets, each with A
+        (slot_rank, in) and B (out, slot_rank) — L · slot_rank · Σ (fan_in + fan_out), one device."""
+        return self.layers * slot_rank * sum(i + o for i, o in self.projections().values())
+
     @property
     def largest_adapter_parameters(self) -> int:
         """The largest adapter tensor, ``lora_A`` (n, r, in) or ``lora_B`` (n, out, r): n·r·max(in, out)."""

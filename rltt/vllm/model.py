@@ -50,6 +50,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.sequence import IntermediateTensors
 
 from rltt.model.configuration import LoopConfig
@@ -240,8 +241,11 @@ class PendingExits:
 RowExitsFn = Callable[[int], "tuple[list[str], RowExits] | None"]
 
 
-class LoopedVllmForCausalLM(nn.Module):
+class LoopedVllmForCausalLM(nn.Module, SupportsLoRA):
     """vLLM model class of rltt's ``LoopedForCausalLM`` checkpoints (architecture ``LoopedForCausalLM``)."""
+
+    #: vLLM's LoRA (``enable_lora``): a PEFT adapter's q/k/v and gate/up projections land on the merged layers
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()

@@ -39,6 +39,14 @@ first and puts it back to sleep when done, and ``load_weights`` wakes it before 
 weights in. The price is a copy of the weights out and back and a re-mapped, empty KV cache (no
 prefix cache across steps) per step; the gain is the learner's use of the whole KV share.
 
+LoRA (``lora``, an `AdapterSpec` of shared adapters): the engine serves the base model with the
+adapters through vLLM's own LoRA support (``enable_lora``; vLLM's layers add ``scale · B A x`` to
+the base projection, as the learner's ``StepLinear`` does). ``load_weights`` given adapter tensors
+alone writes them as a PEFT adapter folder and swaps vLLM's one LoRA for it; the base weights stay
+as loaded. Every request of ``generate`` names the current adapter (none before the first update:
+the adapters start at B = 0, the base's function). Per-loop adapters cannot be served this way (a
+vLLM layer holds one adapter per request, whatever the loop step): a one-line error.
+
 Temporary files (the saved model, the weights of a multiprocess sync) go to /dev/shm when it
 has room for them, else to ``scratch_dir`` (a run directory), else the system temp directory
 (`scratch_dir_for`): the engine never fills /dev/shm.
@@ -54,6 +62,7 @@ untruncated support (`TRUNCATION_NOTE`, said once per engine when a call truncat
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import shutil
@@ -67,6 +76,7 @@ from typing import Any, Mapping
 import torch
 
 from rltt.errors import RlttError
+from rltt.model.adapters import AdapterSpec, is_adapter, write_peft_state
 from rltt.model.exits import ExitPolicy
 from rltt.model.model_source import ModelSource
 from rltt.rollout.rows import Row, rows_batch
@@ -75,6 +85,7 @@ from rltt.rollout.engine import RolloutEngine
 from rltt.rollout.params import SamplingParams, stop_token_set
 from rltt.rollout.sampler import truncates
 from rltt.telemetry.schema import GIB
+from rltt.vllm.lora import check_served_adapters, lora_slot_rank
 from rltt.vllm.row_exits import parse_policy, row_keys
 
 #: said (a warning) once per engine when a vLLM call samples with top_p < 1 or top_k > 0
@@ -232,12 +243,16 @@ class VllmEngine(RolloutEngine):
                  tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int | None = None,
                  enable_prefix_caching: bool = True, multiprocess: bool = False, seed: int = 0,
                  prompt_tokens: int | None = None, new_tokens: int | None = None, step_rows: int | None = None,
-                 sleep: bool | None = None, scratch_dir: str | None = None, **llm_options):
+                 sleep: bool | None = None, scratch_dir: str | None = None, lora: AdapterSpec | None = None,
+                 **llm_options):
         require_vllm()
         from rltt.vllm.plugin import register
 
         register()  # this process (the entry point covers the processes vLLM starts)
         self._tmp: str | None = None
+        self.lora = lora
+        self.lora_request = None  # vLLM's LoRARequest of the adapters served now (None: the base)
+        self._lora_ids = itertools.count(1)
         self.scratch_dir = scratch_dir
         self.multiprocess = multiprocess
         self._asleep = False
@@ -281,6 +296,9 @@ class VllmEngine(RolloutEngine):
             options["gpu_memory_utilization"] = utilization
         if self.sleeps:
             options["enable_sleep_mode"] = True
+        if self.lora is not None:
+            check_served_adapters(self.lora)
+            options.update(enable_lora=True, max_loras=1, max_lora_rank=lora_slot_rank(self.lora.rank))
         options.update(llm_options)
         from vllm import LLM
 
@@ -389,20 +407,42 @@ class VllmEngine(RolloutEngine):
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+        self._drop_adapter_folder()
+
+    def _drop_adapter_folder(self) -> None:
+        request = getattr(self, "lora_request", None)
+        if request is not None:
+            shutil.rmtree(request.lora_path, ignore_errors=True)
 
     def __del__(self):
         if getattr(self, "_tmp", None):
             shutil.rmtree(self._tmp, ignore_errors=True)
+        self._drop_adapter_folder()
 
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Take the learner's weights in place (names of ``LoopedForCausalLM.state_dict()``),
-        set ``weights_version = version`` and drop the prefix cache."""
+        set ``weights_version = version`` and drop the prefix cache. An engine serving LoRA
+        adapters (``lora``) also takes adapter tensors — alone, they replace the served adapter
+        and the base stays as it is."""
         if isinstance(version, bool) or not isinstance(version, int) or version < self.weights_version:
             raise RlttError(f"VllmEngine.load_weights: version must be an int >= the served version "
                             f"{self.weights_version}, got {version!r}")
+        adapters = {k: v for k, v in tensors.items() if is_adapter(k)}
+        base = {k: v for k, v in tensors.items() if not is_adapter(k)}
+        if adapters and self.lora is None:
+            raise RlttError(f"VllmEngine.load_weights: adapter tensors ({next(iter(adapters))!r}, ...) sent to an "
+                            f"engine that serves no LoRA adapters (start it with lora=...; rollout.vllm.lora: "
+                            f"adapters)")
+        if base or not adapters:
+            self._load_base(version, base)
+        if adapters:
+            self._load_adapters(version, adapters)
+        self.llm.reset_prefix_cache()
+        self.weights_version = version
+
+    def _load_base(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         names = self._expected_names()
-        tensors = {k: v for k, v in tensors.items() if "lora_" not in k}
         missing = sorted(names - set(tensors))
         unknown = sorted(set(tensors) - names)
         if missing or unknown:
@@ -425,7 +465,6 @@ class VllmEngine(RolloutEngine):
                 os.unlink(path)
         else:
             results = self.llm.collective_rpc("rltt_reload", args=(version, payload))
-        self.llm.reset_prefix_cache()
         head = payload.get("lm_head.weight", payload.get("model.embed_tokens.weight"))
         expected = float(head.double().sum())
         for result in results:
@@ -436,7 +475,50 @@ class VllmEngine(RolloutEngine):
             if got is not None and abs(got - expected) > 1e-6 * max(1.0, abs(expected)):
                 raise RlttError("VllmEngine.load_weights: the served LM head does not equal the weights sent "
                                 "(the in-place reload did not take)")
-        self.weights_version = version
+
+    def _load_adapters(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Write the adapters as a PEFT folder and make it vLLM's one LoRA (the old one removed)."""
+        from vllm.lora.request import LoRARequest
+
+        shapes = self.adapter_shapes()
+        bad = sorted(k for k, v in tensors.items() if shapes.get(k) != tuple(v.shape))
+        missing = sorted(set(shapes) - set(tensors))
+        if bad or missing:
+            raise RlttError(f"VllmEngine.load_weights: adapter tensors do not match the served adapters (missing "
+                            f"{missing[:3]}, unexpected or misshaped {bad[:3]})")
+        dtype = self.llm.llm_engine.model_config.dtype
+        payload = {k: v.detach().to("cpu", dtype) for k, v in tensors.items()}
+        size = _state_bytes(payload.values()) + 1024**2
+        folder = Path(tempfile.mkdtemp(prefix=f"rltt-adapter-{version}-", dir=scratch_dir_for(size, self.scratch_dir)))
+        write_peft_state(payload, self.lora, self.num_loops, folder)
+        self.wake()
+        engine = self.llm.llm_engine
+        old, self.lora_request = self.lora_request, None
+        if old is not None:  # vLLM holds one LoRA (max_loras = 1): the old one goes first
+            engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        request = LoRARequest(f"rltt-v{version}", next(self._lora_ids), str(folder))
+        if not engine.add_lora(request) or request.lora_int_id not in engine.list_loras():
+            shutil.rmtree(folder, ignore_errors=True)
+            raise RlttError(f"VllmEngine.load_weights: vLLM did not take the adapters of version {version}")
+        self.lora_request = request
+
+    def adapter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The adapter tensors the engine serves, name -> shape (rltt's ``lora_A`` (1, r, in),
+        ``lora_B`` (1, out, r)); empty without ``lora``."""
+        if self.lora is None:
+            return {}
+        if not hasattr(self, "_adapter_shapes"):
+            from rltt.model.modeling import LoopedForCausalLM
+
+            config = copy.deepcopy(self.config)
+            spec = self.lora
+            config.lora_rank, config.lora_alpha, config.lora_targets = spec.rank, float(spec.alpha), list(spec.targets)
+            config.lora_per_loop, config.lora_dropout = False, 0.0
+            with torch.device("meta"):
+                state = LoopedForCausalLM(config).state_dict()
+            self._adapter_shapes = {k: tuple(v.shape) for k, v in state.items() if is_adapter(k)}
+        return self._adapter_shapes
 
     def _expected_names(self) -> set[str]:
         if not hasattr(self, "_names"):
@@ -444,7 +526,7 @@ class VllmEngine(RolloutEngine):
 
             with torch.device("meta"):
                 names = set(LoopedForCausalLM(self.config).state_dict())
-            self._names = {k for k in names if "lora_" not in k}
+            self._names = {k for k in names if not is_adapter(k)}
         names = set(self._names)
         if self.config.tie_word_embeddings:
             names.discard("lm_head.weight")
@@ -592,7 +674,7 @@ class _Segments:
             request_id = f"rltt-{call}-{r}"
             request_of[request_id] = r
             prefix[r] = list(done)
-            engine.add_request(request_id, {"prompt_token_ids": context}, sp)
+            engine.add_request(request_id, {"prompt_token_ids": context}, sp, lora_request=self.engine.lora_request)
             self.entries += len(context)
 
         tokens: dict[int, list[int]] = {r: [] for r, *_ in requests}

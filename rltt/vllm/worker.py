@@ -313,6 +313,18 @@ class RlttWorkerExtension:
     def rltt_version(self) -> int:
         return self._rltt_version
 
+    def rltt_lora_slots(self) -> dict[str, int]:
+        """What vLLM's LoRA layers hold for their adapter slots: bytes of every ``lora_a_stacked`` /
+        ``lora_b_stacked`` tensor, and how many layers of the model are wrapped (0 without LoRA)."""
+        model = self.model_runner.get_model()
+        total, wrapped = 0, 0
+        for module in model.modules():
+            stacks = [getattr(module, name, None) for name in ("lora_a_stacked", "lora_b_stacked")]
+            if any(isinstance(x, tuple) for x in stacks):
+                wrapped += 1
+                total += sum(t.numel() * t.element_size() for x in stacks if isinstance(x, tuple) for t in x)
+        return {"bytes": total, "wrapped": wrapped}
+
     def rltt_fingerprint(self) -> float | None:
         """Sum of the LM head's rows (vocab rows only; None under tensor parallelism)."""
         model = self.model_runner.get_model()

@@ -17,7 +17,7 @@ WORKER = Path(__file__).with_name("ds_lora_worker.py")
 ROOT = WORKER.parents[2]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_under_zero_matches_the_torch_backend(stage, tmp_path):
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, str(WORKER), str(stage), str(out)], env=worker_env(), cwd=ROOT,

@@ -73,23 +73,40 @@ def test_rltt_merge_writes_the_merged_model(tmp_path, capsys):
     assert "no LoRA adapters" in capsys.readouterr().err
 
 
-def test_per_loop_adapters_with_vllm_are_a_recipe_error(tmp_path):
+@pytest.mark.parametrize("serving", ["adapters", "merged"])
+def test_per_loop_adapters_with_vllm_are_a_recipe_error(tmp_path, serving):
     path = write_recipe(tmp_path, **LORA)
     with pytest.raises(Exception, match="learner.lora.per_loop"):
-        load_train_recipe(path, ["learner.lora.per_loop=true", "rollout.engine=vllm", "rollout.schedule=dense"])
+        load_train_recipe(path, ["learner.lora.per_loop=true", "rollout.engine=vllm", "rollout.schedule=dense",
+                                 f"rollout.vllm.lora={serving}"])
+
+
+def test_vllm_serves_ranks_it_has_slots_for(tmp_path):
+    path = write_recipe(tmp_path, **{**LORA, "learner.lora": {"rank": 1024, "alpha": 8.0}})
+    with pytest.raises(Exception, match="learner.lora.rank.*rank <= 512"):
+        load_train_recipe(path, ["rollout.engine=vllm", "rollout.schedule=dense"])
+    load_train_recipe(path, ["rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.lora=merged"])
+    with pytest.raises(Exception, match="rollout.vllm.lora"):
+        load_train_recipe(path, ["rollout.engine=vllm", "rollout.schedule=dense", "rollout.vllm.lora=peft"])
 
 
 def test_the_engine_decides_the_sync(tmp_path):
     """The native engine applies adapters (its model gets them before the learner is built; the
-    learner sends adapter tensors); vLLM is sent the merged weights and its model has no adapters."""
+    learner sends adapter tensors); vLLM serves them as its own LoRA and is sent the adapters
+    (rollout.vllm.lora: adapters) or is sent the merged weights (merged); its model never holds
+    adapters."""
     from rltt.orchestration.components import make_learner
     from rltt.orchestration.engines import ENGINES
     from tests.learner.helpers import tiny_policy
 
-    assert ENGINES["native"].applies_adapters and not ENGINES["vllm"].applies_adapters
-    for engine, sync in (("native", "adapters"), ("vllm", "merged")):
-        recipe = load_train_recipe(write_recipe(tmp_path / engine, **LORA),
-                                   [f"rollout.engine={engine}", "rollout.schedule=dense"])
+    assert ENGINES["native"].adapters(None) == "model"
+    assert ENGINES["vllm"].adapters({"vllm": {"lora": "merged"}}) == "merged"
+    assert ENGINES["vllm"].adapters({"vllm": {}}) == ENGINES["vllm"].adapters(None) == "served"
+    for engine, serving, sync in (("native", "adapters", "adapters"), ("vllm", "adapters", "adapters"),
+                                  ("vllm", "merged", "merged")):
+        recipe = load_train_recipe(write_recipe(tmp_path / f"{engine}-{serving}", **LORA),
+                                   [f"rollout.engine={engine}", "rollout.schedule=dense",
+                                    f"rollout.vllm.lora={serving}"])
         learner = make_learner(recipe, tiny_policy())
         assert learner.sync == sync
         _, tensors = learner.rollout_state_dict()

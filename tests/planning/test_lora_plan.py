@@ -74,3 +74,20 @@ def test_the_lora_recipes_plan_claims_hold(name):
         assert stated == {key: actual[key] for key in stated}, (name, m.group(0), actual)
         verdicts.append((m["overrides"].strip(), plan.fits))
     assert ("", True) in verdicts  # the recipe as shipped fits its card
+
+
+def test_vllm_holds_the_served_adapter_and_its_slots_or_the_merged_base():
+    """On the CPU vLLM's share is its KV space and what it holds: the base, plus (adapters served)
+    the loaded adapter and the adapter slot of its LoRA layers — every projection of every layer at
+    the padded rank (16 holds rank 16) — or the base alone (merged)."""
+    d, f, layers, r = 2048, 5632, 24, 16
+    over = ("rollout.engine=vllm", "rollout.schedule=dense")
+    served = plan_run(_recipe("gsm8k-lora.yaml", *over), OURO_1_4B, 80 * GIB, device="cpu")
+    merged = plan_run(_recipe("gsm8k-lora.yaml", *over, "rollout.vllm.lora=merged"), OURO_1_4B, 80 * GIB, device="cpu")
+    full = plan_run(_recipe("gsm8k-lora.yaml", *over, "learner.lora=null"), OURO_1_4B, 80 * GIB, device="cpu")
+    slots = layers * r * ((d + d) * 4 + (d + f) * 3)  # all seven projections, targeted or not
+    elem = 2  # bf16
+    assert merged.components["vllm"] == full.components["vllm"]
+    assert served.components["vllm"] - merged.components["vllm"] == elem * (served.trained_parameters + slots)
+    with pytest.raises(Exception, match="learner.lora.rank"):  # vLLM has no slots above rank 512
+        _recipe("gsm8k-lora.yaml", *over, "learner.lora.rank=1024")
