@@ -10,9 +10,9 @@ interrupted sweep continues. ``--jobs 2`` trains two runs at a time (one thread 
     python bench/lora_quickstart.py --out runs/lora-quickstart --seeds 0-4 --jobs 2
     python bench/lora_quickstart.py --out runs/lora-quickstart --seeds 0-4 --report   # the tables alone
 
-Arms (`ARMS`): ``shared`` / ``perloop`` — recipes/quickstart-lora.yaml as written (lr 1e-3), with
-one adapter or one per loop step; ``shared5e4`` / ``perloop5e4`` / ``perloop3e4`` — the same at
-lr 5e-4 / 3e-4; ``full`` — recipes/quickstart.yaml (full fine-tuning, lr 1e-4).
+Arms (`ARMS`): ``shared`` / ``perloop`` — recipes/quickstart-lora.yaml as written (lr 5e-4), with
+one adapter or one per loop step; ``shared1e3`` / ``perloop1e3`` / ``perloop3e4`` — the same at
+lr 1e-3 / 3e-4; ``full`` — recipes/quickstart.yaml (full fine-tuning, lr 1e-4).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ PER_LOOP = "learner.lora.per_loop=true"
 #: arm -> (recipe, overrides)
 ARMS = {
     "shared": (LORA, []),
-    "shared5e4": (LORA, ["learner.lr=5.0e-4"]),
+    "shared1e3": (LORA, ["learner.lr=1.0e-3"]),
     "perloop": (LORA, [PER_LOOP]),
-    "perloop5e4": (LORA, [PER_LOOP, "learner.lr=5.0e-4"]),
+    "perloop1e3": (LORA, [PER_LOOP, "learner.lr=1.0e-3"]),
     "perloop3e4": (LORA, [PER_LOOP, "learner.lr=3.0e-4"]),
     "full": (FULL, []),
 }
@@ -143,7 +143,7 @@ def report(arms: list[str], seeds: list[int], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "lora-quickstart")
-    parser.add_argument("--arms", default="shared,perloop5e4,full", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default="shared,perloop,full", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0-4", help="0-4 or 0,2,3")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at once")
     parser.add_argument("--report", action="store_true", help="print the tables of the runs already done")
