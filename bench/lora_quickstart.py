@@ -1,7 +1,7 @@
 """LoRA RL against full fine-tuning on the quickstart, several seeds per arm: held-out gain, step
 time, process peak memory, and the arms compared problem by problem with whole runs permuted.
 
-Each (arm, seed) trains 250 steps without in-run evaluations into ``OUT/<arm>-s<seed>`` and keeps
+Each (arm, seed) trains its steps without in-run evaluations into ``OUT/<arm>-s<seed>`` and keeps
 its final checkpoint; ``rltt eval`` then scores it (``eval.json``), and the base model is scored
 once per seed with the same seed (``OUT/base-s<seed>.eval.json``): an arm's gain on a seed is its
 pass@1 less that seed's base. Runs already done (their ``eval.json`` is there) are kept, so an
@@ -10,9 +10,10 @@ interrupted sweep continues. ``--jobs 2`` trains two runs at a time (one thread 
     python bench/lora_quickstart.py --out runs/lora-quickstart --seeds 0-4 --jobs 2
     python bench/lora_quickstart.py --out runs/lora-quickstart --seeds 0-4 --report   # the tables alone
 
-Arms (`ARMS`): ``shared`` / ``perloop`` — recipes/quickstart-lora.yaml as written (lr 5e-4), with
-one adapter or one per loop step; ``shared1e3`` / ``perloop1e3`` / ``perloop3e4`` — the same at
-lr 1e-3 / 3e-4; ``full`` — recipes/quickstart.yaml (full fine-tuning, lr 1e-4).
+Arms (`ARMS`): ``shared`` / ``perloop`` — recipes/quickstart-lora.yaml as written (lr 5e-4, 200
+steps), with one adapter or one per loop step; ``shared250`` / ``perloop250`` — the same for the
+quickstart's 250 steps; ``shared1e3`` / ``perloop1e3`` / ``perloop3e4`` — 250 steps at lr 1e-3 /
+3e-4; ``full`` — recipes/quickstart.yaml (full fine-tuning, lr 1e-4, 250 steps).
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ from bench._rltt_runs import ROOT, call_rltt, failure, mean_se, median, read_rec
 
 LORA, FULL = "recipes/quickstart-lora.yaml", "recipes/quickstart.yaml"
 PER_LOOP = "learner.lora.per_loop=true"
-#: arm -> (recipe, overrides)
+QUICKSTART_STEPS = "train.steps=250"
+#: arm -> (recipe, overrides, steps)
 ARMS = {
-    "shared": (LORA, []),
-    "shared1e3": (LORA, ["learner.lr=1.0e-3"]),
-    "perloop": (LORA, [PER_LOOP]),
-    "perloop1e3": (LORA, [PER_LOOP, "learner.lr=1.0e-3"]),
-    "perloop3e4": (LORA, [PER_LOOP, "learner.lr=3.0e-4"]),
-    "full": (FULL, []),
+    "shared": (LORA, [], 200),
+    "perloop": (LORA, [PER_LOOP], 200),
+    "shared250": (LORA, [QUICKSTART_STEPS], 250),
+    "perloop250": (LORA, [PER_LOOP, QUICKSTART_STEPS], 250),
+    "shared1e3": (LORA, ["learner.lr=1.0e-3", QUICKSTART_STEPS], 250),
+    "perloop1e3": (LORA, [PER_LOOP, "learner.lr=1.0e-3", QUICKSTART_STEPS], 250),
+    "perloop3e4": (LORA, [PER_LOOP, "learner.lr=3.0e-4", QUICKSTART_STEPS], 250),
+    "full": (FULL, [], 250),
 }
-STEPS = 250
 
 
 def seeds_of(text: str) -> list[int]:
@@ -52,7 +55,7 @@ def seeds_of(text: str) -> list[int]:
 
 
 def train_and_eval(arm: str, seed: int, out: Path) -> str:
-    recipe, overrides = ARMS[arm]
+    recipe, overrides, steps = ARMS[arm]
     run = out / f"{arm}-s{seed}"
     if (run / "eval.json").exists():
         return f"{arm} seed {seed}: done before"
@@ -65,7 +68,7 @@ def train_and_eval(arm: str, seed: int, out: Path) -> str:
     if code:
         return f"{arm} seed {seed}: train " + failure(out / f"{arm}-s{seed}.train.log", code)
     (run / "train_wall_s").write_text(f"{time.perf_counter() - start:.1f}\n")
-    final = run / "checkpoints" / f"step-{STEPS:07d}"
+    final = run / "checkpoints" / f"step-{steps:07d}"
     code = call_rltt(["eval", recipe, f"seed={seed}", *overrides, "--model", str(final), "--out",
                       str(run / "eval.json")], out / f"{arm}-s{seed}.eval.log")
     return f"{arm} seed {seed}: " + ("ok" if not code else "eval " + failure(out / f"{arm}-s{seed}.eval.log", code))
@@ -118,12 +121,12 @@ def compare(a: str, b: str, seeds: list[int], out: Path) -> dict | None:
 
 def report(arms: list[str], seeds: list[int], out: Path) -> None:
     rows = [r for r in (arm_rows(arm, seeds, out) for arm in arms) if r is not None]
-    print("| arm | seeds | gain per seed (points) | mean gain ± SE | kl/ref, last 10 steps | median step (rollout, "
+    print("| arm | steps | seeds | gain per seed (points) | mean gain ± SE | kl/ref, last 10 steps | median step (rollout, "
           "learner) | median train wall | process peak |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         per_seed = " ".join(f"{g:+.1f}" for g in r["gains"])
-        print(f"| {r['arm']} | {len(r['seeds'])} | {per_seed} | **{r['mean']:+.1f} ± {r['se']:.1f}** | {r['kl']:.3f} | "
+        print(f"| {r['arm']} | {ARMS[r['arm']][2]} | {len(r['seeds'])} | {per_seed} | **{r['mean']:+.1f} ± {r['se']:.1f}** | {r['kl']:.3f} | "
               f"{r['step']:.2f} s ({r['rollout']:.2f}, {r['learner']:.2f}) | {r['wall']:.0f} s | {r['peak_gb']:.2f} GB |")
     print()
     print("| A − B, pass@1 (runs permuted) | runs | difference, 95 % interval | p |")

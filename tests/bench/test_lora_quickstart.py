@@ -50,4 +50,4 @@ def test_gains_are_per_seed_against_that_seeds_base(tmp_path, capsys):
     assert comparison["test"] == "runs" and comparison["a"]["runs"] == comparison["b"]["runs"] == 3
     bench.report(["shared", "full"], [0, 1, 2], tmp_path)
     table = capsys.readouterr().out
-    assert "| shared | 3 | +10.0 +10.0 +10.0 | **+10.0 ± 0.0**" in table and "| shared − full | 3 vs 3 (runs)" in table
+    assert "| shared | 200 | 3 | +10.0 +10.0 +10.0 | **+10.0 ± 0.0**" in table and "| shared − full | 3 vs 3 (runs)" in table
