@@ -588,7 +588,7 @@ def _unlink(name: str, dir_fd: int) -> bool | None:
     is a folder, False when it could not go for another reason."""
     try:
         os.chmod(name, 0o700, dir_fd=dir_fd, follow_symlinks=False)
-    except (OSError, NotImplementedError):
+    except (OSError, NotImplementedError):  # a symlink cannot be chmod-ed here: the unlink below decides
         pass
     try:
         os.unlink(name, dir_fd=dir_fd)

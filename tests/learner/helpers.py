@@ -1,4 +1,9 @@
-"""A tiny looped policy and a synthetic learner batch (prompt + completion, right-padded)."""
+"""A tiny looped policy, a synthetic learner batch (prompt + completion, right-padded), and the
+launch of a DeepSpeed worker script in one or several processes."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -32,3 +37,19 @@ def synthetic_batch(B: int = 4, prompt: int = 3, seed: int = 0, vocab: int = 61,
     adv = (rewards - rewards.view(-1, group_size).mean(1).repeat_interleave(group_size))
     return LearnerBatch(input_ids=ids, attention_mask=attn, target_mask=target, exit_steps=exits,
                         advantages=adv + 0.1, temperature=1.0)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_worker(worker: Path, *args, processes: int = 1, master_port: int | None = None, timeout: int = 600) -> None:
+    """``python WORKER ARGS`` from the repository root (``torch.distributed.run`` with ``processes``
+    ranks on ``master_port`` when more than one); a failure shows the end of its stderr."""
+    from tests.subprocess_env import worker_env
+
+    launch = [sys.executable] if processes == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+        str(master_port)]
+    proc = subprocess.run([*launch, str(worker), *map(str, args)], env=worker_env(), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,24 +1,16 @@
 """The DeepSpeed backend (CPU, gloo) matches the torch backend: 1 process at ZeRO 0–3, 2 processes."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.subprocess_env import worker_env
+from tests.learner.helpers import run_worker
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 WORKER = Path(__file__).with_name("ds_worker.py")
-ROOT = WORKER.parents[2]
-
-
-def _env():
-    return worker_env()
 
 
 def _check(result_file: Path, world: int):
@@ -38,17 +30,12 @@ def _check(result_file: Path, world: int):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_process_matches_torch_backend(stage, tmp_path):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(WORKER), str(stage), str(out)], env=_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, stage, out)
     _check(out, 1)
 
 
 @pytest.mark.parametrize("stage", [2])
 def test_two_processes_match_torch_backend(stage, tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29611",
-           str(WORKER), str(stage), str(out)]
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, stage, out, processes=2, master_port=29611)
     _check(out, 2)

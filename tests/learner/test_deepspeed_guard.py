@@ -2,13 +2,11 @@
 global gradient norm is not finite, with its weights and optimizer state bitwise unchanged."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .test_deepspeed import ROOT, _env
+from .helpers import run_worker
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
@@ -35,16 +33,11 @@ def _check(out: Path, world: int, stage: int):
 @pytest.mark.parametrize("stage", [0, 3])
 def test_one_process_skips_bitwise(stage, tmp_path):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(WORKER), str(stage), str(out)], env=_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, stage, out)
     _check(out, 1, stage)
 
 
 def test_two_processes_skip_together(tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29613",
-           str(WORKER), "2", str(out)]
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, 2, out, processes=2, master_port=29613)
     _check(out, 2, 2)

@@ -2,27 +2,22 @@
 stays bitwise, and the run matches the torch backend's."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.subprocess_env import worker_env
+from tests.learner.helpers import run_worker
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 WORKER = Path(__file__).with_name("ds_lora_worker.py")
-ROOT = WORKER.parents[2]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_under_zero_matches_the_torch_backend(stage, tmp_path):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(WORKER), str(stage), str(out)], env=worker_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, stage, out)
     result = json.loads(out.read_text())
     assert result["trained"] == result["adapters"]  # DeepSpeed was handed the adapters alone
     assert result["base_equal"] and result["sent_adapters_only"]

@@ -5,8 +5,6 @@ log-prob kernel, the torch and DeepSpeed backends, and a 3-step `rltt train`."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,7 @@ import torch
 
 from rltt.learner import AlgorithmConfig, Learner, LearnerConfig
 
-from .helpers import synthetic_batch, tiny_policy
-from tests.subprocess_env import worker_env
+from .helpers import run_worker, synthetic_batch, tiny_policy
 
 #: metrics that measure time or the machine, not the computation
 UNTIMED = ("time/", "throughput/", "memory/", "wall_time")
@@ -94,11 +91,6 @@ def test_every_logprob_kernel(impl, monkeypatch):
 # -- DeepSpeed (a subprocess: its process group and accelerator are per process) -------------------
 
 WORKER = Path(__file__).with_name("ckpt_ds_worker.py")
-ROOT = WORKER.parents[2]
-
-
-def _env():
-    return worker_env()
 
 
 def _check_ds(out: Path, world: int):
@@ -115,9 +107,7 @@ def _check_ds(out: Path, world: int):
 def test_deepspeed_one_process(stage, tmp_path):
     pytest.importorskip("deepspeed")
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(WORKER), str(stage), str(out)], env=_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, stage, out, timeout=900)
     _check_ds(out, 1)
 
 
@@ -126,10 +116,7 @@ def test_deepspeed_one_process(stage, tmp_path):
 def test_deepspeed_zero3_two_processes(tmp_path):
     pytest.importorskip("deepspeed")
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29637",
-           str(WORKER), "3", str(out)]
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker(WORKER, 3, out, processes=2, master_port=29637, timeout=900)
     _check_ds(out, 2)
 
 
