@@ -262,11 +262,11 @@ class TrainRecipe:
                                                         f"adapters differ between steps (use per_loop: false or "
                                                         f"rollout.engine: native)")
         if lora is not None and engine_spec(self.rollout.engine).adapters(self.rollout) == "served":
-            from rltt.vllm.lora import VLLM_LORA_RANKS
+            from rltt.vllm.lora import rank_problem
 
-            if lora.rank > VLLM_LORA_RANKS[-1]:
-                raise recipe_error("learner.lora.rank", f"vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
-                                                        f"{lora.rank} (rollout.vllm.lora: merged serves any rank)")
+            problem = rank_problem(lora.rank)
+            if problem:
+                raise recipe_error("learner.lora.rank", problem)
         if self.algorithm.exit_action and kind != "sample":  # only a sampled exit is an action with a probability
             raise recipe_error("algorithm.exit_action", f"needs rollout.exit_policy: sample (the exit step is then "
                                                         f"drawn from p, part of the action), got "

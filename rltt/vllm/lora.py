@@ -14,13 +14,20 @@ from rltt.errors import RlttError
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def rank_problem(rank: int) -> str | None:
+    """Why vLLM cannot serve a rank-``rank`` adapter (None: it can); said of ``learner.lora.rank``."""
+    if rank > VLLM_LORA_RANKS[-1]:
+        return (f"vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}, got {rank} "
+                f"(rollout.vllm.lora: merged serves any rank)")
+    return None
+
+
 def lora_slot_rank(rank: int) -> int:
     """The smallest rank vLLM accepts as ``max_lora_rank`` that holds a rank-``rank`` adapter."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise RlttError(f"learner.lora.rank: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}, got {rank} "
-                    f"(rollout.vllm.lora: merged serves any rank)")
+    problem = rank_problem(rank)
+    if problem:
+        raise RlttError(f"learner.lora.rank: {problem}")
+    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
 
 
 def check_served_adapters(spec) -> None:
