@@ -43,17 +43,17 @@ def make_engine(recipe: TrainRecipe, model: torch.nn.Module) -> RolloutEngine:
     engine that loads its own copy (vLLM) saves that copy once for its loader."""
     prompt = recipe.data.max_prompt_tokens  # a multi-turn episode's later turns are prompted with prompt + history
     env = getattr(recipe, "env", None)
-    sizing = {"prompt_tokens": prompt + (env.max_tokens if env is not None and env.enabled else 0)}
+    overrides = {"prompt_tokens": prompt + (env.max_tokens if env is not None and env.enabled else 0)}
     lora = recipe.learner.lora
     mode = ENGINES[recipe.rollout.engine].adapters(recipe.rollout) if lora is not None else None
     if mode == "model":
         attach_adapters(model, lora.spec(), recipe.seed)  # the learner's, drawn alike
     elif mode == "served":
-        sizing["lora"] = lora.spec()  # the engine loads the adapters the learner sends as its own LoRA
+        overrides["lora"] = lora.spec()  # the engine loads the adapters the learner sends as its own LoRA
     if shares_model(recipe):
-        return engine_for_section(recipe.rollout, model, **sizing)
+        return engine_for_section(recipe.rollout, model, **overrides)
     copied = copy.deepcopy(model).eval().to(engine_dtype(recipe))
-    return engine_for_section(recipe.rollout, copied, **sizing)
+    return engine_for_section(recipe.rollout, copied, **overrides)
 
 
 def completion_budget(recipe: TrainRecipe) -> int:

@@ -256,12 +256,13 @@ class TrainRecipe:
         parsed_exit_policy(self.train, "eval_exit_policy", "train.eval_exit_policy", self.model.known_num_loops())
         kind = policy.kind if policy is not None else ""
         lora = self.learner.lora
-        if lora is not None and lora.per_loop and engine_spec(self.rollout.engine).adapters(self.rollout) != "model":
+        serving = engine_spec(self.rollout.engine).adapters(self.rollout) if lora is not None else None
+        if lora is not None and lora.per_loop and serving != "model":
             raise recipe_error("learner.lora.per_loop", f"true: rollout.engine={self.rollout.engine} applies one "
                                                         f"adapter to every loop step (merged or served), and per-loop "
                                                         f"adapters differ between steps (use per_loop: false or "
                                                         f"rollout.engine: native)")
-        if lora is not None and engine_spec(self.rollout.engine).adapters(self.rollout) == "served":
+        if serving == "served":
             from rltt.vllm.lora import rank_problem
 
             problem = rank_problem(lora.rank)
