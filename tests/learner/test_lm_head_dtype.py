@@ -73,7 +73,10 @@ def test_an_fp32_head_lowers_the_mismatch_of_a_bf16_learner_against_an_fp32_roll
                               AlgorithmConfig(track_kl=False), batch_size=lb.size, max_len=12,
                               rollout_dtype=torch.float32)
             metrics[seed, head] = learner.update(lb)
-        for key in ("mismatch/max_abs", "mismatch/mean_abs", "mismatch/k3"):
+        # the head's rounding is gone from every token, so the mean mismatch drops; the largest single
+        # one (``mismatch/max_abs``) is set by the bf16 body's rounding of one state, which the head's
+        # dtype does not touch, and on another CPU code path it came out either way (0.052 vs 0.041)
+        for key in ("mismatch/mean_abs", "mismatch/k3"):
             assert metrics[seed, "fp32"][key] < metrics[seed, "model"][key], (seed, key, metrics)
 
 

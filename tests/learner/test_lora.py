@@ -59,9 +59,11 @@ def test_the_reference_is_the_base_with_adapters_off():
     base = tiny_policy(0).eval()
     from rltt.learner.loss import kl_logprob
 
+    # the learner's micro-batches through its (packed) score forward: the same operations on the same
+    # shapes, so the same bits on any CPU (another batch shape may round its GEMMs otherwise)
     with torch.no_grad():
-        expected = score_tokens(base, batch)
-        expected = expected.to_rows(kl_logprob(expected, learner.algo))
+        expected = torch.cat([(s := score_tokens(base, mb, pack=learner.cfg.pack_sequences))
+                              .to_rows(kl_logprob(s, learner.algo)) for mb in batch.micro_batches(learner.micro)])
     assert torch.equal(prepared.ref_logprobs, expected)
     with adapters_disabled(model), torch.no_grad():  # and the policy differs from it once trained
         assert torch.equal(score_tokens(model, batch).logprobs, score_tokens(base, batch).logprobs)

@@ -9,6 +9,13 @@ two-token segments by the native engine, stitched and joined as a Ray driver joi
 the test compares them with ``data/row_records.json``. That file was written by this very module
 run at the commit before the row record (``python -m tests.orchestration.test_row_records
 --write``); every API it uses exists unchanged on both sides.
+
+What the file pins is what every x86-64 CPU computes alike: the integer and boolean tensors (tokens,
+exits, lengths, masks, kept-set sizes, versions), the finish reasons, the counts and the schedule's
+shape, and of each float tensor its dtype, shape and NaN pattern. The float values themselves move
+with the CPU's instruction set (MKL and ATen pick other kernels, which round otherwise), so they are
+checked against a path computed here, on the running machine: the replay of the record, bit for bit,
+where the record is replayable.
 """
 
 from __future__ import annotations
@@ -27,15 +34,20 @@ TENSORS = ("prompt_index", "prompt_lengths", "completion_ids", "completion_lengt
            "exit_logprobs", "env_mask", "versions")
 
 
+def _hash(t: torch.Tensor) -> str:
+    return f"{t.dtype} {tuple(t.shape)} " + hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:24]
+
+
 def _digest(batch) -> dict:
     out = {}
     for name in TENSORS:
         t = getattr(batch, name)
         if t is None:
             out[name] = None
-            continue
-        t = t.contiguous()
-        out[name] = f"{t.dtype} {tuple(t.shape)} " + hashlib.sha256(t.numpy().tobytes()).hexdigest()[:24]
+        elif t.is_floating_point():  # the values are checked on this machine (`_same_as_replay`)
+            out[name] = f"{t.dtype} {tuple(t.shape)} nan " + _hash(t.isnan()).split(" ")[-1]
+        else:
+            out[name] = _hash(t)
     out["finish_reasons"] = list(batch.finish_reasons)
     out["prompts"] = hashlib.sha256(json.dumps(batch.prompts).encode()).hexdigest()[:24]
     stats = batch.stats
@@ -62,7 +74,18 @@ def _episodes(continued: bool) -> dict:
                             stop_token_ids=[5, 6, 7, 8, 10], exit_policy="sample", schedule="deferred")
     episodes = run_episodes(engine, prompts([4, 6, 3], seed=2), params, ScriptedEnv((11, 12, 13)), ["a", "b", "c"],
                             encode, decode, max_turns=4, max_tokens=30)
+    if episodes.rollout.schedule.replayable:
+        _same_as_replay(engine.model, episodes.rollout)
     return _digest(episodes.rollout)
+
+
+def _same_as_replay(model, batch) -> None:
+    """The record's float values are the replay's, computed here, bit for bit."""
+    from rltt.rollout import replay_logprobs
+
+    replay = replay_logprobs(model, batch)
+    for name in ("logprobs", "tempered_logprobs", "exit_logprobs"):
+        assert torch.equal(getattr(replay, name).nan_to_num(), getattr(batch, name).nan_to_num()), name
 
 
 def _partial() -> dict:

@@ -116,3 +116,37 @@ def rollout_fields(batch):
 
 def fields_equal(a, b):
     return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+
+
+@dataclass(frozen=True)
+class ReorderBound:
+    """How far two fp32 evaluations of the same rows may differ when they run the same operations on
+    other batch shapes (chunked or continuous against unchunked: GEMMs over other row counts, attention
+    groups padded to other widths), which changes only the order of each reduction's additions.
+
+    Derived from the arithmetic (docs/design.md §3.8), not measured: a dot product of length K summed in
+    any order is within γ_K = K·u of the exact one relative to Σ|aᵢbᵢ| (u = 2⁻²⁴, fp32's unit roundoff).
+    A log-prob's path is D = T·L·6 + 2 such reductions in sequence (per layer: q/k/v, QKᵀ, PV, o, gate/up,
+    down; then the final norm and the head), so, to first order, the normed state h_t of either
+    evaluation is within ε = D·K·u of the exact one relative to its norm, K the longest reduction
+    (hidden, FFN or key length). A logit w_yᵀh moves by at most ‖w_y‖·‖h‖·ε and a log-prob
+    z_y − logsumexp(z) by twice that, ‖h‖ ≤ √d·max|γ| after the final norm's weights γ; a gate
+    σ(w_gᵀh + b) by a quarter of ‖w_g‖·‖h‖·ε. Two evaluations: twice each."""
+
+    logprob: float
+    gate: float
+
+    @classmethod
+    def of(cls, model: LoopedForCausalLM, temperature: float = 1.0) -> "ReorderBound":
+        c = model.config
+        u = torch.finfo(torch.float32).eps / 2
+        depth = c.num_loops * c.num_hidden_layers * 6 + 2
+        longest = max(c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim,
+                      c.max_position_embeddings)
+        eps = depth * longest * u
+        with torch.no_grad():
+            h_norm = c.hidden_size ** 0.5 * model.model.norm.weight.float().abs().max().item()
+            head = model.lm_head.weight.float().norm(dim=1).max().item()
+            gate = model.model.exit_gate.weight.float().norm().item()
+        logprob = 2 * 2 * head * h_norm * eps / min(temperature, 1.0)
+        return cls(logprob=logprob, gate=2 * 0.25 * gate * h_norm * eps)

@@ -2,10 +2,11 @@
 of its own rows and reachable positions; rows keep their random keys, and the merged record
 replays chunk by chunk, bitwise.
 
-What equals what (measured, docs/design.md §2.7): in fp32 a chunked call gives the unchunked
-call's tokens, exits and finish reasons, and log-probs within a few ulps (≤ ~1.2e-6 measured,
-`FP32_LOGPROB_ATOL`): a pass's batch shape (items, the widths and key lengths attention groups
-are padded to) changes the rounding of matrix products and attention. In bf16 the same rounding is
+What equals what (docs/design.md §2.7): in fp32 a chunked call gives the unchunked call's tokens,
+exits and finish reasons, and log-probs and gates within the reordering bound derived from the
+arithmetic (`ReorderBound`, docs/design.md §3.8): a pass's batch shape (items, the widths and key
+lengths attention groups are padded to) changes the order of the additions in matrix products and
+attention, and so their rounding, differently on each CPU. In bf16 the same rounding is
 one bf16 ulp of a hidden state, which can move a sampled token or an exit decision, so a bf16
 chunked call is checked against the engine run on each chunk's prompts as its own call: bitwise.
 Replay is bitwise everywhere."""
@@ -27,12 +28,10 @@ from rltt.rollout import executor as executor_module
 from rltt.rollout.params import ThinkingBudget
 from rltt.rollout.sampler import RowRandom
 
-from .helpers import assert_same_passes, prompts, tiny_model
+from .helpers import ReorderBound, assert_same_passes, prompts, tiny_model
 
-#: a chunked fp32 call's log-probs against the unchunked call's (measured ≤ 1.2e-6); its gates λ_t
-#: (the random gate's weights ~N(0, 1) amplify the states' rounding: measured ≤ 6e-5)
-FP32_LOGPROB_ATOL = 5e-6
-FP32_GATE_ATOL = 2e-4
+#: two evaluations that run the very same operations on the same shapes: bitwise
+EXACT = ReorderBound(logprob=0.0, gate=0.0)
 
 LENGTHS = [5, 1, 9, 4, 7]  # five prompts, ragged
 N = 2  # samples per prompt: 10 rows
@@ -57,21 +56,20 @@ def sampling(schedule="deferred", policy="sample", seeded="prompt", thinking=Non
                           schedule=schedule, thinking=thinking, **kw)
 
 
-def assert_same_rows(got, want, logprob_atol: float | None = 0.0):
-    """Tokens, exits, forced tokens and finish reasons equal; log-probs within ``logprob_atol`` and
-    gates within `FP32_GATE_ATOL` (0: both bitwise; None: not compared)."""
+def assert_same_rows(got, want, bound: ReorderBound | None = EXACT):
+    """Tokens, exits, forced tokens and finish reasons equal; log-probs and gates within ``bound``
+    (`EXACT`: bitwise; None: not compared)."""
     for name in ("completion_ids", "completion_lengths", "completion_mask", "exit_steps", "forced_mask",
                  "prompt_index", "prompt_lengths"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     assert got.finish_reasons == want.finish_reasons
     assert got.prompts == want.prompts
     assert torch.equal(got.gate_probs.isnan(), want.gate_probs.isnan())
-    if logprob_atol is None:
+    if bound is None:
         return
     for name in ("logprobs", "tempered_logprobs"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=logprob_atol, rtol=0)
-    torch.testing.assert_close(got.gate_probs.nan_to_num(), want.gate_probs.nan_to_num(),
-                               atol=FP32_GATE_ATOL if logprob_atol else 0, rtol=0)
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=bound.logprob, rtol=0)
+    torch.testing.assert_close(got.gate_probs.nan_to_num(), want.gate_probs.nan_to_num(), atol=bound.gate, rtol=0)
 
 
 def assert_replays_bitwise(model, batch):
@@ -156,11 +154,11 @@ def test_fp32_chunks_give_the_unchunked_rows_and_replay_bitwise(schedule, policy
         assert whole.forced_mask.any()
     assert len(set(whole.exit_steps[whole.action_mask].tolist())) > 1  # mixed exits
     for chunk_rows in CHUNK_SIZES:
-        batch = NativeEngine(model, chunk_rows).generate(batch_prompts, params)
-        assert_same_rows(batch, whole, FP32_LOGPROB_ATOL)
+        batch = NativeEngine(model, chunk_rows, continuous=False).generate(batch_prompts, params)
+        assert_same_rows(batch, whole, ReorderBound.of(model, params.temperature))
         assert batch.params == whole.params  # the seed drawn or given, recorded once
         assert_replays_bitwise(model, batch)
-        chunks = NativeEngine(model, chunk_rows).chunks(len(batch_prompts), N)
+        chunks = NativeEngine(model, chunk_rows, continuous=False).chunks(len(batch_prompts), N)
         if len(chunks) == 1:
             assert batch.schedule.chunks is None
             assert_same_passes(batch.schedule, whole.schedule)
@@ -183,13 +181,13 @@ def test_bf16_chunks_are_the_chunks_run_alone_and_replay_bitwise(schedule, polic
     batch_prompts = prompts(LENGTHS, seed=3)
     params = sampling(schedule, policy, "prompt", thinking)
     for chunk_rows in (N, 3 * N):
-        engine = NativeEngine(model, chunk_rows)
+        engine = NativeEngine(model, chunk_rows, continuous=False)
         batch = engine.generate(batch_prompts, params)
         assert batch.dtype == torch.bfloat16
         alone = [NativeEngine(model).generate(batch_prompts[a:b], shards.shard_params(params, a, b))
                  for a, b in engine.chunks(len(batch_prompts), N)]
-        want = shards.merge(alone, params, 0.0)
-        assert_same_rows(batch, want, 0.0)
+        want = shards.merge(alone, params, EXACT)
+        assert_same_rows(batch, want, EXACT)
         assert_same_passes(batch.schedule, want.schedule)
         assert_replays_bitwise(model, batch)
         assert_replays_bitwise(model, want)  # the shards' merge replays shard by shard the same way
@@ -205,7 +203,7 @@ def test_each_chunk_allocates_a_kv_cache_of_its_rows_and_reachable_positions(mon
     assert width == (6 if thinking is None else 9)
     for chunk_rows in (4, 3, 64):
         caches.shapes.clear()
-        batch = NativeEngine(model, chunk_rows).generate(batch_prompts, params)
+        batch = NativeEngine(model, chunk_rows, continuous=False).generate(batch_prompts, params)
         want = expected_shapes(model, LENGTHS, N, chunk_rows, width)
         assert caches.shapes == want, chunk_rows
         if chunk_rows == 4:  # prompts (5, 1), (9, 4), (7): 4, 4 and 2 rows
@@ -220,12 +218,12 @@ def test_the_kv_cache_stops_at_the_last_position_a_row_can_write(monkeypatch):
     caches = CacheShapes(monkeypatch)
     long_prompts = prompts([60, 3], seed=1)
     params = SamplingParams(max_new_tokens=10, n=2, seed=1, ignore_eos=True, exit_policy="sample")
-    batch = NativeEngine(model, 2).generate(long_prompts, params)
+    batch = NativeEngine(model, 2, continuous=False).generate(long_prompts, params)
     assert [s[3] for s in caches.shapes] == [65, 13]  # 60 + 10 capped at position 64 (+1); 3 + 10
     assert batch.completion(0) and len(batch.completion(0)) == 5  # finished at the model's last position
     assert batch.finish_reasons[:2] == ["length", "length"]
     whole = NativeEngine(model).generate(long_prompts, params)
-    assert_same_rows(batch, whole, FP32_LOGPROB_ATOL)
+    assert_same_rows(batch, whole, ReorderBound.of(model, params.temperature))
     assert_replays_bitwise(model, batch)
 
 
@@ -247,11 +245,11 @@ def test_any_chunking_keeps_the_rows_and_replays_bitwise(lengths, n, chunk_rows,
 
     executor_module.StepKVCache = Recording
     try:
-        batch = NativeEngine(model, chunk_rows).generate(batch_prompts, params)
+        batch = NativeEngine(model, chunk_rows, continuous=False).generate(batch_prompts, params)
     finally:
         executor_module.StepKVCache = original
     assert shapes == expected_shapes(model, lengths, n, chunk_rows, 5)
-    assert_same_rows(batch, whole, FP32_LOGPROB_ATOL)
+    assert_same_rows(batch, whole, ReorderBound.of(model, params.temperature))
     assert_replays_bitwise(model, batch)
 
 
@@ -259,7 +257,7 @@ def test_a_chunked_schedule_travels_and_merges_into_nested_chunks():
     import pickle
 
     model = tiny_model()
-    engine = NativeEngine(model, N)
+    engine = NativeEngine(model, N, continuous=False)
     batch_prompts = prompts(LENGTHS, seed=3)
     params = sampling("deferred", "sample", "prompt")
     batch = engine.generate(batch_prompts, params)
@@ -269,17 +267,17 @@ def test_a_chunked_schedule_travels_and_merges_into_nested_chunks():
     # a Ray pool's shards, each chunked by its worker's engine: the merge keeps every chunk
     a = engine.generate(batch_prompts[:3], shards.shard_params(params, 0, 3))
     b = engine.generate(batch_prompts[3:], shards.shard_params(params, 3, 5))
-    merged = shards.merge([a, b], params, 0.0)
+    merged = shards.merge([a, b], params, EXACT)
     assert merged.stats.passes == max(a.stats.passes, b.stats.passes)  # shards run side by side
     assert_same_passes(merged.schedule, batch.schedule)  # the same chunks: the same record
-    assert_same_rows(merged, batch, 0.0)
+    assert_same_rows(merged, batch, EXACT)
     assert_replays_bitwise(model, merged)
     # a shard without chunks is one chunk of the merge
     whole_b = NativeEngine(model).generate(batch_prompts[3:], shards.shard_params(params, 3, 5))
     assert whole_b.schedule.chunks is None
-    merged = shards.merge([a, whole_b], params, 0.0)
+    merged = shards.merge([a, whole_b], params, EXACT)
     assert merged.schedule.chunks == [*a.schedule.chunks, (2 * N, len(whole_b.schedule.passes))]
-    assert_same_rows(merged, batch, FP32_LOGPROB_ATOL)
+    assert_same_rows(merged, batch, ReorderBound.of(model, params.temperature))
     assert_replays_bitwise(model, merged)
     # a record whose chunks do not cover its rows is refused
     broken = replace(batch, schedule=replace(batch.schedule, chunks=batch.schedule.chunks[:-1]))
