@@ -3,7 +3,8 @@
 The checkpoint's shared adapters are folded into its weights (``W + alpha/r · B A``, in fp32,
 rounded once: `rltt.model.adapters.merge_adapters_`) and the result is written as an rltt model
 directory (``--format rltt``, loadable by every rltt command) or an Ouro checkpoint
-(``--format ouro``, for an Ouro-shaped model). The tokenizer is copied when the checkpoint has one.
+(``--format ouro``, for an Ouro-shaped model; its ``auto_map`` points transformers at Ouro's code on
+the hub). The tokenizer is copied when the checkpoint has one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise RlttError(f"rltt merge: {source} holds no LoRA adapters (config lora_rank is 0)")
     merge_adapters_(model)
     if args.format == "ouro":
-        save_ouro(model, out)
+        save_ouro(model, out, key="--format ouro")
     else:
         model.save_pretrained(out, safe_serialization=True)
     try:

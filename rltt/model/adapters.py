@@ -12,7 +12,8 @@ back with them.
 - `merged_state_dict`: the base weights with each shared adapter folded in,
   ``W + scale · B A`` (in fp32, rounded once to W's dtype), without ``lora_*`` names: what an
   engine that cannot apply adapters (vLLM) loads, and what `merge_adapters_` makes of a model.
-- `write_peft_adapter`: PEFT's on-disk format (``adapter_config.json`` with ``peft_type: LORA``;
+- `write_peft_adapter`: PEFT's on-disk format (``adapter_config.json`` with ``peft_type: LORA``,
+  ``task_type: CAUSAL_LM`` (what ``AutoPeftModelForCausalLM`` asks for) and the base's path;
   ``adapter_model.safetensors`` with ``base_model.model.<module>.lora_A.weight`` (r, in) and
   ``lora_B.weight`` (out, r)). PEFT knows one adapter per module, so per-loop adapters are written
   as one PEFT adapter per loop step, ``loop_<t>/``. `write_peft_state` writes the same from
@@ -229,7 +230,7 @@ def write_peft_state(state: dict[str, torch.Tensor], spec: AdapterSpec, num_loop
             tensors[f"base_model.model.{module}.{which}.weight"] = value[t].detach().to("cpu").contiguous()
         save_file(tensors, str(folder / PEFT_WEIGHTS))
         config = {
-            "peft_type": "LORA", "task_type": None, "base_model_name_or_path": str(base), "r": spec.rank,
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base), "r": spec.rank,
             "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "target_modules": sorted(spec.targets),
             "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False,
             "init_lora_weights": True, "modules_to_save": None,

@@ -288,17 +288,19 @@ class Attention(nn.Module):
 
     @property
     def fusable(self) -> bool:
-        """Decode's one q/k/v GEMM (module docstring); a LoRA adapter on q, k or v keeps three."""
-        return not any(p.lora_rank for p in (self.q_proj, self.k_proj, self.v_proj))
+        """Decode's one q/k/v GEMM (module docstring): only over three plain `StepLinear` without an
+        adapter. A step-wise LoRA on q, k or v, or a projection some library wrapped (PEFT's
+        ``lora.Linear``, whose ``weight`` is the base's alone), keeps the three projections' own forwards."""
+        return all(type(p) is StepLinear and not p.lora_rank for p in (self.q_proj, self.k_proj, self.v_proj))
 
     def _apply(self, fn, recurse: bool = True):
         self.fused_qkv.clear()  # `.to()`, `.half()`, …: rebuilt from the converted weights on next use
         return super()._apply(fn, recurse)
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The concatenated q/k/v (weight, bias) decoding uses, or None where it keeps three GEMMs: a
-        step-wise LoRA on q, k or v, or a CPU whose GEMM gives the concatenated outputs other bits
-        than the three apart (`fusion_is_exact`)."""
+        """The concatenated q/k/v (weight, bias) decoding uses, or None where it keeps three projections:
+        not `fusable` (an adapter on q, k or v, or a wrapped projection), or a CPU whose GEMM gives the
+        concatenated outputs other bits than the three apart (`fusion_is_exact`)."""
         linears = (self.q_proj, self.k_proj, self.v_proj)
         if not self.fusable:
             return None

@@ -22,6 +22,27 @@ from rltt.model.modeling import LoopedForCausalLM
 
 RENAMES = {"model.early_exit_gate.": "model.exit_gate."}
 
+#: the hub repository whose remote code (``configuration_ouro.py``, ``modeling_ouro.py``) reads an Ouro
+#: checkpoint, and the ``auto_map`` `save_ouro` writes to it (the classes Ouro's own config.json names)
+OURO_CODE_REPO = "ByteDance/Ouro-1.4B"
+OURO_AUTO_MAP = {"AutoConfig": f"{OURO_CODE_REPO}--configuration_ouro.OuroConfig",
+                 "AutoModel": f"{OURO_CODE_REPO}--modeling_ouro.OuroModel",
+                 "AutoModelForCausalLM": f"{OURO_CODE_REPO}--modeling_ouro.OuroForCausalLM"}
+
+#: (config field, whether Ouro's format holds the config's value, what Ouro has instead), checked in order
+OURO_LAYOUT = (
+    ("norm_placement", lambda c: c.norm_placement in ("ouro", "sandwich"),
+     "Ouro's layers are sandwich-normed: an RMSNorm before and after attention and the MLP"),
+    ("carry_normed_state", lambda c: c.carry_normed_state, "Ouro carries the normed state to the next step"),
+    ("injection", lambda c: c.injection == "none", "Ouro feeds step t + 1 the state of step t alone"),
+    ("final_norm", lambda c: c.final_norm == "rmsnorm", "Ouro has an RMSNorm after every step"),
+    ("qk_norm", lambda c: not c.qk_norm, "Ouro has no q/k norms"),
+    ("mlp_bias", lambda c: not c.mlp_bias, "Ouro's MLP has no biases"),
+    ("attention_bias", lambda c: not c.attention_bias, "Ouro's attention projections have no biases"),
+    ("attention_out_bias", lambda c: not c.attention_out_bias, "Ouro's attention projections have no biases"),
+    ("lora_rank", lambda c: not c.lora_rank, "merge the adapters first"),
+)
+
 
 def ouro_to_loop_config(ouro: dict, **overrides) -> LoopConfig:
     heads = ouro["num_attention_heads"]
@@ -80,6 +101,7 @@ def load_ouro(path: str | Path, dtype: torch.dtype | None = None, **overrides) -
         for old, new in RENAMES.items():
             key = key.replace(old, new)
         state[key] = value
+    config.name_or_path = str(path)  # what a run's PEFT adapter names as its base
     model = LoopedForCausalLM(config)
     model.load_mapped_weights(state, "load_ouro")
     if dtype is not None:
@@ -87,19 +109,13 @@ def load_ouro(path: str | Path, dtype: torch.dtype | None = None, **overrides) -
     return model.eval()
 
 
-def loop_to_ouro_config(config: LoopConfig) -> dict:
-    """The Ouro config.json of a `LoopConfig` Ouro's layout can hold (sandwich norms, the norm carried,
-    no injection, an RMSNorm after every step, no biases beyond q/k/v's, no adapters): the inverse of
-    `ouro_to_loop_config`."""
-    why = [f"{name}={getattr(config, name)!r}" for name, ok in (
-        ("norm_placement", config.norm_placement in ("ouro", "sandwich") and config.carry_normed_state),
-        ("injection", config.injection == "none"), ("final_norm", config.final_norm == "rmsnorm"),
-        ("qk_norm", not config.qk_norm), ("mlp_bias", not config.mlp_bias),
-        ("attention_out_bias", config.attention_out_bias == config.attention_bias and not config.attention_out_bias),
-        ("lora_rank", not config.lora_rank)) if not ok]
-    if why:
-        raise RlttError(f"save_ouro: Ouro's layout cannot hold {why[0]} (merge adapters first; sandwich norms "
-                        f"with the carried norm, no injection)")
+def loop_to_ouro_config(config: LoopConfig, key: str = "save_ouro") -> dict:
+    """The Ouro config.json of a `LoopConfig` Ouro's layout can hold (`OURO_LAYOUT`): the inverse of
+    `ouro_to_loop_config`, with an ``auto_map`` to Ouro's own modeling code on the hub (`OURO_AUTO_MAP`).
+    Any other config is a one-line error starting with ``key``, naming the first field Ouro cannot express."""
+    for name, fits, reason in OURO_LAYOUT:
+        if not fits(config):
+            raise RlttError(f"{key}: Ouro's format cannot express {name}={getattr(config, name)!r} ({reason})")
     threshold = None
     if config.exit_policy.startswith("threshold:"):
         threshold = float(config.exit_policy.split(":", 1)[1])
@@ -112,24 +128,26 @@ def loop_to_ouro_config(config: LoopConfig) -> dict:
             "attention_bias": bool(config.attention_bias), "tie_word_embeddings": bool(config.tie_word_embeddings),
             "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
             "eos_token_id": config.eos_token_id, "total_ut_steps": config.num_loops,
-            "early_exit_threshold": threshold}
+            "early_exit_threshold": threshold, "auto_map": dict(OURO_AUTO_MAP)}
 
 
-def save_ouro(model: LoopedForCausalLM, path: str | Path) -> Path:
+def save_ouro(model: LoopedForCausalLM, path: str | Path, key: str = "save_ouro") -> Path:
     """Write ``model`` as an Ouro checkpoint directory (config.json + model.safetensors, Ouro's
-    weight names), which `load_ouro` reads back to the same tensors."""
+    weight names), which `load_ouro` reads back to the same tensors and transformers loads with
+    ``trust_remote_code=True`` (its ``auto_map``); ``key`` starts the error of a model Ouro's format
+    cannot hold (`loop_to_ouro_config`), raised before anything is written."""
     from safetensors.torch import save_file
 
     path = Path(path)
-    config = loop_to_ouro_config(model.config)
+    config = loop_to_ouro_config(model.config, key)
     path.mkdir(parents=True, exist_ok=True)
     state = {}
-    for key, value in model.state_dict().items():
-        if key.endswith("rotary_emb.inv_freq") or (config["tie_word_embeddings"] and key == "lm_head.weight"):
+    for name, value in model.state_dict().items():
+        if name.endswith("rotary_emb.inv_freq") or (config["tie_word_embeddings"] and name == "lm_head.weight"):
             continue
         for old, new in RENAMES.items():
-            key = key.replace(new, old)
-        state[key] = value.detach().to("cpu").contiguous()
+            name = name.replace(new, old)
+        state[name] = value.detach().to("cpu").contiguous()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return path

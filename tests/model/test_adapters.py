@@ -1,6 +1,7 @@
 """LoRA adapters on the looped model (rltt.model.adapters): off = the base bit for bit, merged =
 base + scale·BA, per-loop adapters act on their loop only, the adapter gradient is the projection
-of the full weight gradient, PEFT's format, the merged export in rltt's and Ouro's formats."""
+of the full weight gradient, PEFT's format (PEFT and AutoPeftModel load it; the PEFT-wrapped model
+decodes the adapted function), the merged export in rltt's and Ouro's formats."""
 
 import copy
 import json
@@ -12,7 +13,7 @@ from rltt.errors import RlttError
 from rltt.model import load_looped, load_ouro
 from rltt.model.adapters import (AdapterSpec, adapted, adapter_norms, adapters_disabled, attach_adapters, freeze_base,
                                  merge_adapters_, merged_state_dict, write_peft_adapter)
-from rltt.model.ouro import save_ouro
+from rltt.model.ouro import OURO_AUTO_MAP, save_ouro
 
 from .helpers import tiny_model
 
@@ -165,6 +166,87 @@ def test_peft_loads_the_exported_adapter_onto_the_base_model(tmp_path):
     torch.testing.assert_close(theirs, _step_logits(model, IDS), rtol=1e-5, atol=1e-5)
 
 
+def _generate(model, **kw):
+    """Greedy decoding's tokens and per-token logits (one-position no-grad forwards after the prompt)."""
+    out = model.generate(input_ids=IDS, max_new_tokens=6, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0, **kw)
+    return out.sequences, torch.stack(out.logits)
+
+
+@pytest.mark.parametrize("targets", [ALL, ("v_proj",)])
+def test_generate_through_peft_is_the_adapted_models(tmp_path, targets):
+    """PEFT wraps q/k/v in its own layer, whose ``weight`` is the base's: decoding keeps the three
+    projections' forwards there (never the fused base weights), so the adapters act at every token."""
+    peft = pytest.importorskip("peft")
+    base, model = _with_adapters(False, targets)
+    write_peft_adapter(model, tmp_path / "adapter")
+    wrapped = peft.PeftModel.from_pretrained(copy.deepcopy(base), str(tmp_path / "adapter")).eval()
+    tokens, logits = _generate(wrapped)
+    want_tokens, want_logits = _generate(model)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    base_tokens, base_logits = _generate(base)  # the adapter matters: skipping it would show
+    assert not torch.equal(base_tokens, tokens) and (base_logits - want_logits).abs().max() > 1e-2
+    attn = wrapped.base_model.model.model.layers[0].self_attn
+    assert not attn.fusable and attn.fused_weights() is None
+
+
+def test_a_one_position_no_grad_forward_through_get_peft_model_applies_the_adapter():
+    peft = pytest.importorskip("peft")
+    base = tiny_model()
+    wrapped = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["v_proj"]))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    ids = IDS[:, :1]
+    with torch.no_grad():
+        decoded = wrapped(input_ids=ids, use_cache=False).logits  # the decode path
+    with torch.enable_grad():
+        trained = wrapped(input_ids=ids, use_cache=False).logits  # three projections, always
+    with torch.no_grad():
+        plain = base(ids, use_cache=False).logits
+    torch.testing.assert_close(decoded, trained.detach(), rtol=1e-6, atol=1e-6)
+    assert (decoded - plain).abs().max() > 1e-3
+
+
+def test_peft_and_auto_peft_model_load_the_adapter_folder(tmp_path):
+    """The folder names its base (``base_model_name_or_path``) and ``task_type: CAUSAL_LM``:
+    ``AutoPeftModelForCausalLM`` loads the base by that name (rltt's model registers with
+    transformers' Auto classes) and the adapter onto it."""
+    peft = pytest.importorskip("peft")
+    base, model = _with_adapters(False)
+    base.save_pretrained(tmp_path / "base", safe_serialization=True)
+    write_peft_adapter(model, tmp_path / "adapter", base=str(tmp_path / "base"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM" and config["base_model_name_or_path"] == str(tmp_path / "base")
+    auto = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter")).eval()
+    loaded = peft.PeftModel.from_pretrained(load_looped(tmp_path / "base"), str(tmp_path / "adapter")).eval()
+    want = _step_logits(model, IDS)
+    for wrapped in (auto, loaded):
+        assert isinstance(wrapped, peft.PeftModelForCausalLM)
+        with torch.no_grad():
+            got = wrapped(input_ids=IDS, use_cache=False, output_step_logits=True).step_logits
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(_generate(auto)[0], _generate(model)[0])
+
+
+def test_an_rltt_or_ouro_base_is_named_as_the_adapters_base(tmp_path):
+    """A run's policy keeps the folder it loaded from as ``name_or_path`` — an rltt model or an Ouro
+    checkpoint — which its checkpoints' adapter names as the base."""
+    from .test_ouro_import import write_ouro_checkpoint
+
+    tiny_model().save_pretrained(tmp_path / "rltt", safe_serialization=True)
+    write_ouro_checkpoint(tmp_path / "ouro")
+    assert load_ouro(tmp_path / "ouro").name_or_path == str(tmp_path / "ouro")
+    for source in ("rltt", "ouro"):
+        model = load_looped(tmp_path / source)
+        attach_adapters(model, AdapterSpec(2, 4.0, ("q_proj",)))
+        write_peft_adapter(model, tmp_path / f"{source}-adapter", base=model.config._name_or_path)  # as the learner
+        config = json.loads((tmp_path / f"{source}-adapter" / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(tmp_path / source), source
+
+
 def test_merged_model_exports_in_rltt_and_ouro_formats(tmp_path):
     _, model = _with_adapters(False, norm_placement="ouro", injection="none")
     expected = _step_logits(model, IDS)
@@ -174,6 +256,42 @@ def test_merged_model_exports_in_rltt_and_ouro_formats(tmp_path):
     for loaded in (load_looped(tmp_path / "rltt"), load_ouro(tmp_path / "ouro")):
         assert not loaded.config.lora_rank
         torch.testing.assert_close(_step_logits(loaded.eval(), IDS), expected, rtol=1e-4, atol=1e-4)
+    assert json.loads((tmp_path / "ouro" / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "ByteDance/Ouro-1.4B--configuration_ouro.OuroConfig",
+        "AutoModel": "ByteDance/Ouro-1.4B--modeling_ouro.OuroModel",
+        "AutoModelForCausalLM": "ByteDance/Ouro-1.4B--modeling_ouro.OuroForCausalLM"}
     _, unmerged = _with_adapters(False, norm_placement="ouro", injection="none")
-    with pytest.raises(RlttError, match="lora_rank"):
+    with pytest.raises(RlttError, match="lora_rank=4 .merge the adapters first"):
         save_ouro(unmerged, tmp_path / "no")
+
+
+def test_transformers_finds_ouros_code_through_the_written_auto_map(tmp_path, monkeypatch):
+    """``AutoConfig``/``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` fetch the
+    classes the ``auto_map`` names from Ouro's hub repository (here caught before any download)."""
+    import transformers.models.auto.configuration_auto as configuration_auto
+    from transformers import AutoConfig
+
+    asked = []
+
+    def fetch(class_ref, path, **kwargs):
+        asked.append(class_ref)
+        raise LookupError("no download in tests")
+
+    monkeypatch.setattr(configuration_auto, "get_class_from_dynamic_module", fetch)
+    model = tiny_model(norm_placement="ouro", injection="none")
+    save_ouro(model, tmp_path / "ouro")
+    with pytest.raises(LookupError):
+        AutoConfig.from_pretrained(tmp_path / "ouro", trust_remote_code=True)
+    assert asked == [OURO_AUTO_MAP["AutoConfig"]]
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(norm_placement="pre"), "norm_placement='pre'"),
+    (dict(norm_placement="sandwich", carry_normed_state=False), "carry_normed_state=False"),
+    (dict(norm_placement="ouro", injection="scalar"), "injection='scalar'"),
+])
+def test_ouros_format_refuses_another_layout_naming_the_field(tmp_path, overrides, field):
+    with pytest.raises(RlttError, match=f"^save_ouro: Ouro's format cannot express {field} ") as error:
+        save_ouro(tiny_model(**overrides), tmp_path / "no")
+    assert "merge" not in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "no").exists()
