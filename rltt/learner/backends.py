@@ -68,6 +68,54 @@ class _Backend:
     def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return module.state_dict()
 
+    # -- what an update changed of the weights the engines receive (``sync/changed_frac``) -------
+    #: elements of each trained tensor `watch` keeps (evenly strided; every element of a smaller tensor): at
+    #: most 256 values (1 KB) a tensor whatever its size — about 220 KB for Ouro-1.4B's tensors, too small for
+    #: the memory plan to show; the fraction of a larger tensor is estimated from them (its standard error
+    #: at most 0.5/√256 ≈ 0.03 a tensor, less over many)
+    WATCH_SAMPLE = 256
+    _watched: torch.dtype | None = None  # the engines' dtype while an update is watched
+    _before: dict[str, torch.Tensor] | None = None  # each trained tensor's sample before it, in that dtype
+
+    def _held_trained(self) -> dict[str, torch.Tensor]:
+        """The trained tensors this rank holds, by name (ZeRO-3: its partitions)."""
+        return {name: p for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def _sum_ranks(self, counts: torch.Tensor) -> torch.Tensor:
+        """``counts`` summed over the ranks that partition the trained tensors (1 rank: itself)."""
+        return counts
+
+    @classmethod
+    def _sample(cls, t: torch.Tensor) -> torch.Tensor:
+        flat = t.detach().reshape(-1)
+        return flat[:: max(1, -(-flat.numel() // cls.WATCH_SAMPLE))]
+
+    def watch(self, dtype: torch.dtype, steps: int) -> None:
+        """Start counting the trained elements whose value in ``dtype`` (the engines') the coming update
+        changes: of each trained tensor this rank holds, `WATCH_SAMPLE` evenly strided elements (all of a
+        smaller one) kept in ``dtype`` until `changed_fraction`."""
+        self._watched = dtype
+        self._before = {name: self._sample(t).to(dtype, copy=True) for name, t in self._held_trained().items()}
+
+    @torch.no_grad()
+    def changed_fraction(self) -> float:
+        """The fraction of the trained elements whose value in the watched dtype differs from before
+        `watch`: each tensor's sampled share of changed elements weighted by its size (exact for tensors
+        of at most `WATCH_SAMPLE` elements; every rank's partitions, a collective under ZeRO-3); ends
+        the watch."""
+        if self._before is None:
+            return 0.0
+        changed = torch.zeros((), dtype=torch.float64)
+        total = 0
+        for name, t in self._held_trained().items():
+            now, before = self._sample(t).to(self._watched), self._before[name]
+            if before.numel():
+                changed += float((now != before).sum()) / before.numel() * t.numel()
+            total += t.numel()
+        self._watched, self._before = None, None
+        counts = self._sum_ranks(torch.tensor([float(changed), float(total)], dtype=torch.float64))
+        return float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
+
 
 class _Masters(torch.nn.Module):
     """The fp32 master copies of a module's trained parameters, under the module's parameter names:
@@ -334,6 +382,20 @@ class DeepSpeedBackend(_Backend):
         with deepspeed.zero.GatheredParameters(list(module.parameters())):
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
+    def _held_trained(self) -> dict[str, torch.Tensor]:
+        """ZeRO-3: this rank's partition of each trained parameter (its padding included: never
+        trained, so never changed); ZeRO 0-2: the full trained parameters, the same on every rank."""
+        params = {name: p for name, p in self.module.named_parameters() if p.requires_grad}
+        return {name: p.ds_tensor for name, p in params.items()} if self.partitioned else params
+
+    def _sum_ranks(self, counts: torch.Tensor) -> torch.Tensor:
+        if not self.partitioned or torch.distributed.get_world_size() == 1:
+            return counts
+        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+        total = counts.to(device)
+        torch.distributed.all_reduce(total)
+        return total.cpu()
+
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # micro-batch losses are already weighted
         if not self.engine.is_gradient_accumulation_boundary():
@@ -395,12 +457,18 @@ class DeepSpeedBackend(_Backend):
     # "latest": DeepSpeed writes a file of that name beside the tag's directory.
     TAG = "state"
 
+    # A module with frozen parameters (a LoRA learner's base) is saved without them: the checkpoint
+    # holds what is trained, the learner rebuilds the base from the recipe's model.
+    def _frozen(self) -> bool:
+        return any(not p.requires_grad for p in self.module.parameters())
+
     def save(self, path: Path) -> None:
         self.engine.save_checkpoint(str(path / "deepspeed"), tag=self.TAG, client_state={"updates": self.updates},
-                                    save_latest=False)
+                                    save_latest=False, exclude_frozen_parameters=self._frozen())
 
     def load(self, path: Path) -> None:
-        _, client = self.engine.load_checkpoint(str(path / "deepspeed"), tag=self.TAG)
+        _, client = self.engine.load_checkpoint(str(path / "deepspeed"), tag=self.TAG,
+                                                load_module_strict=not self._frozen())
         self.updates = int((client or {}).get("updates", 0))
 
 

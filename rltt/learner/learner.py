@@ -16,28 +16,37 @@ One ``update``:
 The non-finite guard: an optimizer step whose loss or gradients are not finite is skipped (no
 weight or optimizer-state change; the backend decides, the same way on every rank), the
 remaining epochs with it (they would see the same weights and batch), and the metrics carry
-the reason under `SKIP_REASON`. ``version`` bumps only when some step was applied, so the
+the reason under `SKIP_REASON`.
+
+``sync/changed_frac``: the share of the trained elements whose value in the engines' dtype the
+update changed. The backend compares the trained tensors it holds before and after (`watch`): of
+each, at most ``WATCH_SAMPLE`` (256) evenly strided elements kept in the engines' dtype for the
+length of the update — exact for smaller tensors, estimated from the sample for larger ones, each
+tensor weighted by its size; about 1 KB a tensor whatever the model. ``version`` bumps only when some step was applied, so the
 engines are never reloaded with the weights they already serve.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from rltt.errors import ConfigError
+from rltt.errors import ConfigError, RlttError
 from rltt.learner.backends import BACKENDS, make_backend
 from rltt.learner.learner_batch import LearnerBatch
 from rltt.learner.settings import AlgorithmConfig, LearnerConfig
 from rltt.learner.loss import chosen_logprob, kl_logprob, rl_loss, sampler_logprob
 from rltt.learner.scoring import score_tokens, unwrap
-from rltt.model.adapters import (adapter_norms, adapter_state_dict, adapters_disabled, attach_adapters, freeze_base,
-                                 merged_state_dict, write_peft_adapter)
+from rltt.model.adapters import (ADAPTER_DIR, adapter_norms, adapter_state_dict, adapters_disabled, attach_adapters,
+                                 base_identity, freeze_base, merged_state_dict, read_peft_state, write_peft_adapter)
+from rltt.model.load import check_base, read_base
 from rltt.objectives import exit_choice_logprob, kl_estimate, policy_logprob
+from rltt.runtime.checkpoint import BASE_FILE
 from rltt.runtime.distributed import reduce_ranks, world_size
 from rltt.telemetry import entropy_stats, exit_stats, mismatch_stats
 from rltt.telemetry import schema as m
@@ -92,8 +101,6 @@ STAT_OPS = {"ratio_max": "max", "ratio_min": "min", "correction_weight_max": "ma
 #: the file of `Learner.save` holding the learner's own state
 LEARNER_STATE = "learner_state.pt"
 LOOP_WEIGHTS = "loop_weight_logits"
-#: the folder of a LoRA learner's checkpoint holding its adapters in PEFT's format
-ADAPTER_DIR = "adapter"
 #: `Learner.sync`: what ``rollout_state_dict`` sends a LoRA learner's engines — the adapter tensors
 #: alone (an engine that applies them in its passes; the base it loaded once never changes), or the
 #: base with the (shared) adapters merged in (an engine that cannot apply them: vLLM)
@@ -134,12 +141,14 @@ class Learner:
     other parameter is frozen in its dtype, so the backends see, clip, all-reduce and optimise the
     adapters alone; the reference is ``model`` with its adapters off (no copy); ``rollout_state_dict``
     sends the adapters alone (``sync: adapters``) or the merged weights (``sync: merged``); ``save``
-    adds the adapters in PEFT's format (``adapter/``); ``update`` logs ``lora/*`` norms.
+    writes the adapters in PEFT's format (``adapter/``) and ``base.json`` naming the base —
+``base_path`` (the directory the run loaded ``model`` from; default its ``config._name_or_path``)
+and a sha256 of its tensors — instead of the model's weights; ``update`` logs ``lora/*`` norms.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, algo: AlgorithmConfig, batch_size: int,
                  max_len: int, rollout_dtype: torch.dtype | None = None, run_dir: str | Path | None = None,
-                 lora_seed: int = 0, sync: str = "adapters"):
+                 lora_seed: int = 0, sync: str = "adapters", base_path: str | None = None):
         self.cfg, self.algo, self.max_len = cfg, algo, max_len
         self.batch_size = batch_size
         self.micro = min(cfg.micro_batch_size, batch_size)
@@ -154,9 +163,12 @@ class Learner:
         if sync not in SYNCS:
             raise ValueError(f"Learner: sync must be one of {SYNCS}, got {sync!r}")
         self.lora, self.sync = cfg.lora, sync
+        #: LoRA: the frozen base's identity (`base_identity`: path, dtype, sha256), taken once, before any cast
+        self.base: dict[str, str] | None = None
         if self.lora is not None:
             attach_adapters(model, self.lora.spec(), lora_seed)
             freeze_base(model)
+            self.base = base_identity(model, base_path)
         self.has_reference = algo.kl_coef > 0 or algo.track_kl
         # LoRA: the reference is the policy with its adapters off (`_reference_scores`), no copy
         self.ref_model = frozen_copy(model) if self.has_reference and self.lora is None else None
@@ -263,6 +275,7 @@ class Learner:
         normalizer = self._normalizer(batch)
         seen = _LoopTelemetry(self.algo)
         applied, skipped = 0, None
+        self.backend.watch(self.rollout_dtype, self.algo.ppo_epochs)
         for _ in range(self.algo.ppo_epochs):
             totals: dict[str, float] = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
             losses = []
@@ -304,6 +317,7 @@ class Learner:
             m.POLICY_RATIO_MAX: totals["ratio_max"],
             m.POLICY_RATIO_MIN: totals["ratio_min"],
             m.LR: self.backend.lr,
+            m.SYNC_CHANGED_FRAC: self.backend.changed_fraction(),
         })
         if self.lora is not None:
             metrics.update(self._adapter_norms())
@@ -368,17 +382,26 @@ class Learner:
     def save(self, directory: str | Path) -> None:
         """Everything a resumed learner needs, into ``directory`` (the same path on every rank; a
         collective): the policy as a loadable model directory (weights gathered under ZeRO-3),
-        the optimizer (DeepSpeed: every rank its shard), ``version`` and the learned loop weights."""
+        the optimizer (DeepSpeed: every rank its shard), ``version`` and the learned loop weights.
+        A LoRA learner writes no base weights: ``config.json``, the adapters in PEFT's format
+        (``adapter/``) and ``base.json`` naming the base (`base_identity`), which
+        `rltt.model.load_looped` and `load` check the base against."""
         directory = Path(directory)
-        weights = self.backend.full_state_dict(self.policy) if self.backend.partitioned else None
+        if self.lora is not None:
+            weights = self._adapter_tensors()  # the adapters alone (gathered under ZeRO-3)
+        else:
+            weights = self.backend.full_state_dict(self.policy) if self.backend.partitioned else None
         if self.main:
             directory.mkdir(parents=True, exist_ok=True)
         self.backend.save(directory)
         if self.main:
-            self.policy.save_pretrained(directory, safe_serialization=True, state_dict=weights)
-            if self.lora is not None:
-                base = getattr(self.policy.config, "_name_or_path", "")
-                write_peft_adapter(self.policy, directory / ADAPTER_DIR, base, state=weights)
+            if self.lora is None:
+                self.policy.save_pretrained(directory, safe_serialization=True, state_dict=weights)
+            else:
+                self.policy.config.save_pretrained(directory)
+                peft_base = getattr(self.policy.config, "_name_or_path", "")  # empty for a dense base (PEFT would misload it)
+                write_peft_adapter(self.policy, directory / ADAPTER_DIR, peft_base, state=weights)
+                (directory / BASE_FILE).write_text(json.dumps(self.base, indent=1) + "\n")
             state = {"version": self.version}
             if self.learned_logits is not None:
                 state[LOOP_WEIGHTS] = self.learned_logits.detach().float().cpu().clone()
@@ -398,10 +421,16 @@ class Learner:
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        if not self.backend.partitioned:  # ZeRO-3's partitions come back from its own checkpoint
+        if (directory / BASE_FILE).is_file():  # a LoRA checkpoint: the adapters, trained on this base
+            if self.lora is None:
+                raise RlttError(f"{directory}: holds LoRA adapters ({BASE_FILE}); resume it with its learner.lora")
+            check_base(directory, read_base(directory), self.base)
+            weights = read_peft_state(directory / ADAPTER_DIR, self.lora.spec(), self.policy.config.num_loops)
+        else:
             weights = {}
             for f in sorted(directory.glob("*.safetensors")):
                 weights.update(load_file(str(f)))
+        if not self.backend.partitioned:  # ZeRO-3's partitions come back from its own checkpoint
             self.policy.load_state_dict(weights, strict=False)
         from rltt.runtime.checkpoint import load_state_file
 

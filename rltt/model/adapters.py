@@ -41,6 +41,8 @@ ADAPTER_PARAMS = ("lora_A", "lora_B")
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 #: beside them, what PEFT's config has no field for: shared or per loop, which loop step
 RLTT_ADAPTER = "rltt_adapter.json"
+#: the folder of a LoRA checkpoint holding its adapters in PEFT's format
+ADAPTER_DIR = "adapter"
 
 
 def is_adapter(name: str) -> bool:
@@ -132,6 +134,41 @@ def adapters_disabled(model: torch.nn.Module):
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter tensors of ``model``'s state dict."""
     return {k: v for k, v in model.state_dict().items() if is_adapter(k)}
+
+
+def base_identity(model: torch.nn.Module, path: str | None = None) -> dict[str, str]:
+    """What names the base of a LoRA model in its checkpoints (`rltt.runtime.checkpoint.BASE_FILE`):
+    the directory it was loaded from (``path``, default ``config._name_or_path``), the dtype of its tensors and a
+    sha256 over every tensor of its state dict but the adapters — name, dtype, shape and bytes, in
+    name order — so a checkpoint is only ever loaded onto the base it was trained on. One pass over
+    the base's bytes: computed once per run."""
+    import hashlib
+
+    digest, dtypes = hashlib.sha256(), set()
+    for name, tensor in sorted((k, v) for k, v in model.state_dict().items() if not is_adapter(k)):
+        data = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{data.dtype}|{tuple(data.shape)}|".encode())
+        digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        if data.is_floating_point():
+            dtypes.add(str(data.dtype).removeprefix("torch."))
+    path = path if path is not None else getattr(model.config, "_name_or_path", "")
+    return {"path": str(path or ""), "dtype": "/".join(sorted(dtypes)),
+            "sha256": digest.hexdigest()}
+
+
+def read_peft_state(directory: str | Path, spec: AdapterSpec, num_loops: int) -> dict[str, torch.Tensor]:
+    """The adapter tensors (rltt's names and shapes) `write_peft_state` wrote into ``directory``."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for t in range(num_loops if spec.per_loop else 1):
+        file = (directory / f"loop_{t + 1}" if spec.per_loop else directory) / PEFT_WEIGHTS
+        if not file.is_file():
+            raise RlttError(f"{file} is missing: the LoRA checkpoint's adapters")
+        for key, value in load_file(str(file)).items():
+            parts.setdefault(key.removeprefix("base_model.model.").removesuffix(".weight"), []).append(value)
+    return {name: torch.stack(values) for name, values in parts.items()}
 
 
 def delta(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:

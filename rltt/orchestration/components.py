@@ -63,11 +63,13 @@ def completion_budget(recipe: TrainRecipe) -> int:
     return env.max_tokens if env is not None and env.enabled else recipe.rollout.max_new_tokens
 
 
-def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, run_dir: Path | None = None) -> Learner:
+def make_learner(recipe: TrainRecipe, model: torch.nn.Module, world: int = 1, run_dir: Path | None = None,
+                 model_path: Path | None = None) -> Learner:
     """The learner of ``recipe.learner`` / ``recipe.algorithm`` for ``model``; with ``world``
     data-parallel ranks each trains on its 1/world of the step's batch. ``run_dir``: the run's
-    directory (a DeepSpeed learner writes ``deepspeed_config.json`` there)."""
+    directory (a DeepSpeed learner writes ``deepspeed_config.json`` there). ``model_path``: the
+    directory ``model`` was loaded from, which a LoRA learner's checkpoints name as their base."""
     sync = "merged" if ENGINES[recipe.rollout.engine].adapters(recipe.rollout) == "merged" else "adapters"
     return Learner(model, recipe.learner, recipe.algorithm, batch_size=recipe.batch_size // world,
                    max_len=completion_budget(recipe), rollout_dtype=engine_dtype(recipe), run_dir=run_dir,
-                   lora_seed=recipe.seed, sync=sync)
+                   lora_seed=recipe.seed, sync=sync, base_path=None if model_path is None else str(model_path))

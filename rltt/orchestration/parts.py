@@ -93,7 +93,7 @@ def build_local_parts(recipe: TrainRecipe, model_path: Path, run_dir: Path, rank
     r = recipe
     model, tokenizer = load_policy(model_path, r.model.dtype, r.model.device, r.model.convert)
     engine = make_engine(r, model)
-    return RunParts(tokenizer, engine, make_learner(r, model, ranks.world, run_dir))
+    return RunParts(tokenizer, engine, make_learner(r, model, ranks.world, run_dir, model_path))
 
 
 LOCAL = Orchestration(ranks=local_ranks, build=build_local_parts)

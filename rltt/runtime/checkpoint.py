@@ -38,6 +38,9 @@ from rltt.errors import RlttError
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
+#: the file of a LoRA run's checkpoint naming its base (path, dtype, sha256 of its tensors): such a
+#: checkpoint holds the adapters (``adapter/``) and no ``model.safetensors``
+BASE_FILE = "base.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _STALE = (".tmp-", ".staged-", ".old-")
 
@@ -125,7 +128,8 @@ def validate_checkpoint(path: str | Path, state_file: str = STATE_FILE) -> str |
 
     With a manifest every listed file must be there with its size and sha256; without one
     (checkpoints of older versions) the state file and the model weights must be there. Either
-    way the safetensors files must be structurally complete.
+    way the safetensors files must be structurally complete. A LoRA checkpoint (``base.json``)
+    holds its adapters' safetensors instead of the model's.
     """
     path = Path(path)
     if not (path / state_file).is_file():
@@ -145,8 +149,11 @@ def validate_checkpoint(path: str | Path, state_file: str = STATE_FILE) -> str |
         for name, info in files.items():
             if _sha256(path / name) != info["sha256"]:
                 return f"{name} does not match its sha256 in {MANIFEST}"
-    weights = sorted(path.glob("*.safetensors"))
-    if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
+    weights = sorted(path.rglob("*.safetensors"))
+    if (path / BASE_FILE).is_file():
+        if not weights:
+            return f"no adapter weights beside {BASE_FILE}"
+    elif not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
         return "no model.safetensors"
     index = path / "model.safetensors.index.json"
     if index.is_file():

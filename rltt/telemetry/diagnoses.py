@@ -162,6 +162,13 @@ ENTROPY_COLLAPSE_MIN = 0.05
 ENTROPY_COLLAPSE_DROP = 5.0
 
 
+#: Updates lost to rounding: median sync/changed_frac over the late window below this (the
+#: share of the trained elements whose value in the engines' dtype an update changed) ...
+CHANGED_FRAC_MIN = 0.05
+#: ... while the optimizer steps: the late median of grad_norm/total (when logged) above this.
+GRAD_NORM_ZERO = 1e-8
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -868,6 +875,32 @@ def check_rows_dropped(run: RunData) -> Diagnosis | None:
         detail=f"{frac:.0%} of the rows sampled in the late window were dropped, never trained on.")
 
 
+def check_rounding_lost(run: RunData) -> Diagnosis | None:
+    """The weights the engines receive barely change from step to step while the optimizer steps:
+    a 16-bit weight is its fp32 master rounded to nearest, so a change below half an ulp
+    (2⁻⁹ of the weight for bf16) does not reach the engines until it accumulates past it."""
+    changed = late_median(run, schema.SYNC_CHANGED_FRAC, MIN_POINTS)
+    if changed is None or changed.median >= CHANGED_FRAC_MIN:
+        return None
+    evidence = [changed.evidence("<", CHANGED_FRAC_MIN)]
+    grad = late_median(run, schema.GRAD_NORM_TOTAL)
+    if grad is not None:
+        if grad.median <= GRAD_NORM_ZERO:  # no gradient: nothing to lose (another check's finding)
+            return None
+        evidence.append(grad.evidence(">", GRAD_NORM_ZERO))
+    lr = late_median(run, schema.LR)
+    dtype = _recipe_value(run, "learner", "dtype")
+    actions = [f"raise the learning rate (learner.lr{f', now {_sci(lr.median)}' if lr is not None else ''}) so one "
+               "step moves a weight by more than half an ulp of the engines' dtype"]
+    if dtype != "fp32":
+        actions.append("or train in fp32 (learner.dtype: fp32; the engines then sample in fp32 too)")
+    return Diagnosis(
+        "rounding_lost", Severity.WARNING, "Updates lost to rounding: the engines' weights barely change",
+        tuple(evidence), "; ".join(actions),
+        detail=f"A median {changed.median:.1%} of the trained elements changed per update in the engines' dtype: "
+               f"the learner's masters move, the weights the engines sample with stay put.")
+
+
 CHECKS: tuple[Check, ...] = (
     Check("non_finite", "NaN/inf in the training signal", FINITE_KEYS, check_non_finite),
     Check("policy_not_moving", "policy not moving", (schema.KL_REF,), check_policy_not_moving),
@@ -880,6 +913,7 @@ CHECKS: tuple[Check, ...] = (
     Check("grad_vanishing_layers", "gradient vanishing across layers",
           (schema.GRAD_NORM_LAYER,), check_grad_vanishing),
     Check("spikes", "loss / grad-norm spikes", SPIKE_KEYS, check_spikes),
+    Check("rounding_lost", "updates lost to rounding", (schema.SYNC_CHANGED_FRAC,), check_rounding_lost),
     Check("logprob_mismatch", "sampler–learner log-prob mismatch",
           (schema.MISMATCH_MAX_ABS, schema.MISMATCH_K3), check_mismatch),
     Check("mismatch_growing", "mismatch or masked share growing",

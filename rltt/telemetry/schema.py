@@ -59,6 +59,9 @@ POLICY_RATIO_MIN = "policy/ratio_min"
 
 GRAD_NORM_TOTAL = "grad_norm/total"
 
+# what leaves the learner
+SYNC_CHANGED_FRAC = "sync/changed_frac"
+
 EXIT_MEAN_STEP = "exit/mean_step"
 EXIT_COLLAPSE = "exit/collapse"
 EXIT_ENTROPY = "exit/entropy"
@@ -289,6 +292,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "lm_head, other)", "L2", "all"),
     MetricSpec(GRAD_NORM_LAYER, "L2 gradient norm of shared-block layer i (0-based)", "L2",
                "all"),
+    # what leaves the learner
+    MetricSpec(SYNC_CHANGED_FRAC,
+               "fraction of the trained elements (a LoRA run: of the adapters; learned loop weights included) whose "
+               "value in the engines' dtype this step's update changed; a 16-bit learner's weights are its fp32 "
+               "masters rounded to nearest, so an element whose accumulated change is below half an ulp stays "
+               "put (0 on a step the guard skipped)", "fraction"),
     # LoRA adapters (learner.lora), per target group (q_proj, ..., down_proj)
     MetricSpec(LORA_A_NORM, "Frobenius norm of a target group's LoRA A matrices (all layers and loop steps)",
                "L2"),

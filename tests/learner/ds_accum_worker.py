@@ -45,10 +45,15 @@ def learner(stage: int, rank: int, world: int) -> dict:
     rows = 16
     learn = Learner(tiny_policy(seed=0), cfg, AlgorithmConfig(track_kl=False), batch_size=rows // world, max_len=8)
     batch = synthetic_batch(B=rows, seed=1).select(slice(rank * rows // world, (rank + 1) * rows // world))
+    names = {name for name, _ in learn.policy.named_parameters()}  # trained: every parameter (tied ones once)
+    before = {k: v.clone() for k, v in learn.rollout_state_dict()[1].items() if k in names}  # gathered (ZeRO-3)
     with AccumulationProbe(learn.backend) as probe:
         metrics = learn.update(batch)
     assert "skip_reason" not in metrics, metrics
-    return probe.result.as_dict()
+    after = learn.rollout_state_dict()[1]
+    changed = sum(int((after[k] != v).sum()) for k, v in before.items())
+    return {**probe.result.as_dict(), "changed_frac": metrics["sync/changed_frac"],
+            "changed_counted": changed / sum(v.numel() for v in before.values())}
 
 
 def run(stages: list[int], out: str) -> None:

@@ -49,6 +49,8 @@ def compare(ds_metrics, ds_state, algo, cfg, batches, world: int, out: str) -> N
     with open(out, "w") as f:
         json.dump({"ds_losses": [m["loss/total"] for m in ds_metrics],
                    "torch_losses": [m["loss/total"] for m in torch_metrics], "max_param_diff": diff, "world": world,
+                   "ds_changed": [m["sync/changed_frac"] for m in ds_metrics],
+                   "torch_changed": [m["sync/changed_frac"] for m in torch_metrics],
                    "ds_global": [{k: m[k] for k in GLOBAL_KEYS} for m in ds_metrics],
                    "torch_global": [{k: m[k] for k in GLOBAL_KEYS} for m in torch_metrics]}, f)
 

@@ -4,6 +4,7 @@ copy), every policy loss runs, checkpointing and resume are exact, the engines g
 alone (or merged weights), and ``lora/*`` norms are logged."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -49,6 +50,17 @@ def test_only_the_adapters_train_and_the_base_stays_bitwise(dtype):
     if dtype == "bf16":
         assert set(learner.backend.masters) == set(trained)
     assert metrics["lora/update_norm/q_proj"] > 0 and "lora/B_norm/down_proj" in metrics
+
+
+def test_changed_frac_counts_the_adapters_only():
+    """The first update from B = 0 moves every B but no A (A's gradient is B^T times something: 0), so the
+    changed share is B's share of the adapter elements — the frozen base does not count."""
+    model, learner = _learner()
+    adapters = _adapters(model)
+    b_share = sum(v.numel() for k, v in adapters.items() if k.endswith("lora_B")) / sum(
+        v.numel() for v in adapters.values())
+    assert learner.update(synthetic_batch(seed=0))["sync/changed_frac"] == pytest.approx(b_share, abs=1e-3)
+    assert learner.update(synthetic_batch(seed=1))["sync/changed_frac"] > 0.99  # A moves too once B is not 0
 
 
 def test_the_reference_is_the_base_with_adapters_off():
@@ -138,3 +150,59 @@ def test_adapter_only_weights_refresh_a_native_engine_copy():
     shared = NativeEngine(model)  # the learner's own module: the same rollout
     ours, theirs = engine.generate([[1, 2, 3]], params), shared.generate([[1, 2, 3]], params)
     assert torch.equal(ours.completion_ids, theirs.completion_ids) and torch.equal(ours.logprobs, theirs.logprobs)
+
+
+def _saved_base_learner(tmp_path, seed=0, **cfg):
+    """A LoRA learner on a base loaded from a directory (as a run loads its model.path)."""
+    from rltt.model import load_looped
+
+    base = tmp_path / "base"
+    if not base.exists():
+        tiny_policy(seed, hidden_size=128, intermediate_size=256, num_attention_heads=4, head_dim=32,
+                    num_key_value_heads=2).save_pretrained(base, safe_serialization=True)
+    model = load_looped(base)  # rank 16: each tensor's fixed overhead in optimizer.pt (~0.3 kB) stays below 5 %
+    return base, model, Learner(model, LearnerConfig(lr=1e-2, micro_batch_size=2, lora=LoraSection(16, 32.0), **cfg),
+                                AlgorithmConfig(kl_coef=0.1), batch_size=4, max_len=8)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state_not_the_base(tmp_path, dtype):
+    from rltt.model import load_looped
+
+    base, model, learner = _saved_base_learner(tmp_path, dtype=dtype)
+    for seed in range(2):
+        learner.update(synthetic_batch(seed=seed))
+    learner.save(tmp_path / "ckpt")
+    files = [p for p in (tmp_path / "ckpt").rglob("*") if p.is_file()]
+    assert not any(p.name == "model.safetensors" for p in files)
+    adapters = sum(v.numel() * v.element_size() for v in _adapters(model).values())
+    optimizer = learner.backend.optimizer.state_dict()["state"].values()
+    state = sum(v.numel() * v.element_size() for s in optimizer for v in s.values() if v.dim() > 0)
+    state += sum(m.numel() * m.element_size() for m in (learner.backend.masters or {}).values())
+    assert sum(p.stat().st_size for p in files) <= 1.05 * (adapters + state)
+    identity = json.loads((tmp_path / "ckpt" / "base.json").read_text())
+    assert identity["path"] == str(base) and identity["dtype"] == "float32" and len(identity["sha256"]) == 64
+    loaded = load_looped(tmp_path / "ckpt").state_dict()  # base + adapters, what merge / eval / generate load
+    for k, v in model.state_dict().items():  # the fp32 base as on disk (a bf16 learner trains it cast)
+        assert loaded[k].dtype == torch.float32 and torch.equal(loaded[k].to(v.dtype), v), k
+
+
+def test_a_checkpoint_is_refused_on_another_or_a_missing_base(tmp_path):
+    from rltt.errors import RlttError
+    from rltt.model import load_looped
+
+    base, _, learner = _saved_base_learner(tmp_path)
+    learner.update(synthetic_batch(seed=0))
+    learner.save(tmp_path / "ckpt")
+    _, _, other = _saved_base_learner(tmp_path / "other", seed=1)  # another base: same shapes, other weights
+    with pytest.raises(RlttError, match=f"{tmp_path / 'ckpt'}.*{base}.*{tmp_path / 'other' / 'base'}"):
+        other.load(tmp_path / "ckpt")
+    tiny_policy(1, hidden_size=128, intermediate_size=256, num_attention_heads=4, head_dim=32,
+                num_key_value_heads=2).save_pretrained(base, safe_serialization=True)  # the base changed on disk
+    with pytest.raises(RlttError, match=f"{tmp_path / 'ckpt'}: holds LoRA adapters trained on the base {base}"):
+        load_looped(tmp_path / "ckpt")
+    import shutil
+
+    shutil.rmtree(base)
+    with pytest.raises(RlttError, match=f"{tmp_path / 'ckpt'}: .* its base {base} is missing"):
+        load_looped(tmp_path / "ckpt")

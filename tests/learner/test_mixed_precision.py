@@ -230,3 +230,57 @@ def test_a_rebuilt_backend_on_the_same_module_gets_the_gradients():
     assert torch.equal(second.masters["weight"].grad, grad)
     assert first.masters["weight"].grad is None
     second.step([])
+
+
+def _changed_frac(dtype: str, lr: float, epochs: int = 1, rollout_dtype=None):
+    """``sync/changed_frac`` of three updates, each checked against its definition: the share of the
+    trained elements whose value in the engines' dtype differs after the update from before it."""
+    learner = Learner(tiny_policy(seed=0), LearnerConfig(dtype=dtype, lr=lr, micro_batch_size=2),
+                      AlgorithmConfig(track_kl=False, ppo_epochs=epochs), batch_size=4, max_len=8,
+                      rollout_dtype=rollout_dtype)
+    engines = learner.rollout_dtype
+    fractions = []
+    for seed in range(3):
+        before = {n: p.detach().to(engines, copy=True) for n, p in learner.model.named_parameters()}
+        fraction = learner.update(synthetic_batch(B=4, seed=seed))["sync/changed_frac"]
+        after = {n: p.detach().to(engines) for n, p in learner.model.named_parameters()}
+        assert fraction == pytest.approx(sampled_fraction(before, after), rel=1e-9)  # float64 sums in other orders
+        exact = sum(int((after[n] != v).sum()) for n, v in before.items()) / sum(v.numel() for v in before.values())
+        assert abs(fraction - exact) <= 0.05  # the sample's estimate of the exact count
+        fractions.append(fraction)
+    return fractions
+
+
+def sampled_fraction(before: dict, after: dict, sample: int = 256) -> float:
+    """The definition of ``sync/changed_frac``, written apart: per tensor of n elements, the share of changed
+    values among every ⌈n / sample⌉-th element of its flat view (all of a tensor of at most ``sample``), the
+    tensors weighted by n."""
+    changed = total = 0.0
+    for name, old in before.items():
+        n = old.numel()
+        stride = max(1, -(-n // sample))
+        picked = old.reshape(-1)[::stride]
+        changed += int((after[name].reshape(-1)[::stride] != picked).sum()) / picked.numel() * n
+        total += n
+    return changed / total
+
+
+def test_changed_frac_near_one_for_an_fp32_learner_at_a_normal_lr():
+    assert min(_changed_frac("fp32", 1e-3)) > 0.9  # every element with a gradient moves
+    assert min(_changed_frac("fp32", 1e-3, rollout_dtype=torch.bfloat16)) > 0.9  # and crosses a bf16 ulp
+
+
+def test_changed_frac_near_zero_for_a_bf16_learner_at_lr_1e7():
+    """Weights ~0.02 (bf16 ulp 2⁻¹³ ≈ 1.2e-4): a step of ~1e-7 is far below half an ulp, so the rounded
+    masters stay put — counted while rounding (one step) and against a copy (two epochs) alike."""
+    assert max(_changed_frac("bf16", 1e-7)) < 0.01
+    assert max(_changed_frac("bf16", 1e-7, epochs=2)) < 0.01
+    assert min(_changed_frac("bf16", 1e-3)) > 0.9
+
+
+def test_changed_frac_of_a_skipped_update_is_zero():
+    learner = Learner(tiny_policy(seed=0), LearnerConfig(dtype="bf16", lr=1e-3, micro_batch_size=2),
+                      AlgorithmConfig(track_kl=False), batch_size=4, max_len=8)
+    batch = synthetic_batch(B=4, seed=0)
+    metrics = learner.update(dataclasses.replace(batch, advantages=batch.advantages * float("nan")))
+    assert SKIP_REASON in metrics and metrics["sync/changed_frac"] == 0.0

@@ -61,6 +61,7 @@ def test_resume_equals_the_uninterrupted_lora_run(tmp_path):
 def test_rltt_merge_writes_the_merged_model(tmp_path, capsys):
     trainer, _, _ = _run(tmp_path)
     ckpt = tmp_path / "run" / "checkpoints" / "step-0000003"
+    assert not (ckpt / "model.safetensors").exists() and (ckpt / "base.json").is_file()  # adapters, not the base
     assert main(["merge", str(ckpt), str(tmp_path / "merged")]) == 0
     merged = load_looped(tmp_path / "merged").eval()
     assert not merged.config.lora_rank and not any(is_adapter(k) for k in merged.state_dict())
@@ -71,6 +72,8 @@ def test_rltt_merge_writes_the_merged_model(tmp_path, capsys):
     assert main(["merge", str(ckpt), str(tmp_path / "merged")]) == 2  # never over an existing directory
     assert main(["merge", str(tmp_path / "merged"), str(tmp_path / "again")]) == 2  # no adapters there
     assert "no LoRA adapters" in capsys.readouterr().err
+    assert main(["generate", "--model", str(ckpt), "--prompt", "1 2", "--max-new-tokens", "2"]) == 0  # base + adapters
+    assert "completion:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("serving", ["adapters", "merged"])

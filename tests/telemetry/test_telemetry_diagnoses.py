@@ -3,7 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.telemetry.telemetry_synth import healthy_records, lm_records, mutate, quickstart_records
+from tests.telemetry.telemetry_synth import healthy_records, lm_records, mutate, quickstart_records, write_run
 
 from rltt.telemetry import diagnoses as dx
 from rltt.telemetry import schema
@@ -295,7 +295,8 @@ def test_a_real_logged_quickstart_run_is_healthy():
     assert dx.diagnose(run) == []
     _, loss = run.series("loss/total")
     assert dx.robust_spikes(loss)[1].max() > 2 * dx.SPIKE_Z
-    assert dx.unchecked(run) == []  # every check could look at it
+    # every check could look at it but the rounding one: the run was logged before sync/changed_frac
+    assert [c.id for c in dx.unchecked(run)] == ["rounding_lost"]
     assert {k for r in run.records for k in r if schema.lookup(k) is None} == set()
 
 
@@ -343,3 +344,29 @@ def test_gate_collapse_under_a_price_with_still_spread_recorded_exits_names_the_
     records = mutate(priced_records(), 25, exit__p_1=0.93, exit__p_2=0.03, exit__p_3=0.02, exit__p_4=0.02)
     d = only(records, "exit_gate_collapse")
     assert d.action.startswith("lower algorithm.compute_cost")
+
+
+def test_updates_lost_to_rounding_fire_when_the_engines_weights_stay_put(tmp_path):
+    """A bf16 run at lr 1e-7: the optimizer steps (grad norm ~0.6), yet ~1 % of the trained elements change
+    per update in the engines' dtype; the action names a higher lr and (not yet fp32) an fp32 learner."""
+    records = mutate(healthy_records(), 0, lr=1e-7, sync__changed_frac=lambda i, r: 0.01 + 0.002 * math.sin(i))
+    d = only(records, "rounding_lost")
+    assert d.severity is dx.Severity.WARNING and "rounding" in d.title
+    assert [e.metric for e in d.evidence] == ["sync/changed_frac", "grad_norm/total"]
+    changed = d.evidence[0]
+    assert changed.threshold == dx.CHANGED_FRAC_MIN and changed.observed < 0.02 and changed.steps == (31, 60)
+    assert "learner.lr, now 1e-7" in d.action and "learner.dtype: fp32" in d.action
+    write_run(tmp_path / "fp32", records)
+    (tmp_path / "fp32" / "recipe.resolved.yaml").write_text("learner:\n  dtype: fp32\n")
+    fp32 = [x for x in dx.diagnose(RunData.load(tmp_path / "fp32")) if x.id == "rounding_lost"]
+    assert fp32 and "learner.dtype" not in fp32[0].action  # already fp32: only the lr is offered
+
+
+def test_updates_lost_to_rounding_stay_quiet_when_healthy_early_or_without_a_gradient():
+    assert "rounding_lost" not in ids(healthy_records())  # ~70 % of the elements change per update
+    early = mutate(healthy_records(), 0, sync__changed_frac=lambda i, r: 0.01 if i < 20 else 0.6)
+    assert "rounding_lost" not in ids(early)  # resolved by the late window
+    still = mutate(healthy_records(), 0, sync__changed_frac=0.0, grad_norm__total=0.0)
+    assert "rounding_lost" not in ids(still)  # no gradient: nothing was lost
+    short = mutate(healthy_records(n=dx.MIN_POINTS - 1), 0, sync__changed_frac=0.0)
+    assert "rounding_lost" not in ids(short)

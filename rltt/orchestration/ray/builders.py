@@ -45,4 +45,4 @@ class LearnerFromDir:
         from rltt.orchestration.components import make_learner
 
         run_dir = None if self.run_dir is None else Path(self.run_dir)
-        return make_learner(self.recipe, _policy(self.recipe, self.model_path), world, run_dir)
+        return make_learner(self.recipe, _policy(self.recipe, self.model_path), world, run_dir, Path(self.model_path))
