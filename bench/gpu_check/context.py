@@ -46,7 +46,8 @@ class Shapes:
     learner: dict  # prompts, group, prompt_len, completion_len, micro
     plan: dict  # prompts, group, prompt_len, new_tokens, micro: the train-like step of the plan section
     smoke: dict
-    engine: dict  # batch, other_attention, batches, prompt_len, new_tokens, calls, generate_batch: the engine section
+    engine: dict  # batch, other_attention, batches, prompt_len, new_tokens, calls, generate_batch,
+    # continuous_batches: the engine section
 
     @staticmethod
     def gpu() -> "Shapes":
@@ -73,7 +74,7 @@ class Shapes:
             smoke=dict(hidden=128, layers=2, heads=4, prompts=8, group=8, new_tokens=64, eval_size=32,
                        micro=16, dtype="bf16", threads=0),
             engine=dict(batch=32, other_attention="triton", batches=[1, 8, 32, 128, 256], prompt_len=32,
-                        new_tokens=32, calls=3, generate_batch=32))
+                        new_tokens=32, calls=3, generate_batch=32, continuous_batches=[32, 128, 256]))
 
     @staticmethod
     def cpu_smoke() -> "Shapes":
@@ -90,7 +91,7 @@ class Shapes:
             smoke=dict(hidden=16, layers=1, heads=2, prompts=1, group=2, new_tokens=4, eval_size=2,
                        micro=2, dtype="fp32", threads=1),
             engine=dict(batch=4, other_attention="triton", batches=[1, 2, 4, 8, 16], prompt_len=4, new_tokens=3,
-                        calls=3, generate_batch=4))
+                        calls=3, generate_batch=4, continuous_batches=[4]))
 
 
 # -- environment -------------------------------------------------------------------------------------

@@ -10,7 +10,11 @@ roofline, on the Ouro-shaped model, in this order:
    their buffers' bytes against the planned buffers);
 2. **sweep** — batch 1 / 8 / 32 / 128 / 256, dense and deferred with the default engine (graphs on with CUDA);
 3. **generate()** — native final-exit decoding against transformers' ``generate()`` at batch 32;
-4. the sweep engine's graph memory against the plan.
+4. the sweep engine's graph memory against the plan;
+5. **continuous** — continuous batching against chunks at ``chunk_rows`` = 32 / 128 / 256 (the default
+   engine, graphs on with CUDA: both run through the same bucketed passes), each call 4 x ``chunk_rows``
+   rows sampled at temperature 1 with a stop set of about V / ``new_tokens`` ids (random lengths, a
+   geometric tail, capped at 2 x ``new_tokens``): tokens/s, the occupancy, the bound and the fraction.
 
 Every setting is warmed up by one call (captures, new shapes, compiles land there), then timed over
 ``calls`` (≥ 3) calls; the figures are the fastest and the median. A setting whose warm-up call says its
@@ -291,6 +295,39 @@ def versus_generate(ctx: Context, meter: Meter, model, prompts, base: str) -> No
     sec.add(f"generate.b{gb}.identical_rows_frac", round(float(same), 4), "", setting)
 
 
+def continuous(ctx: Context, meter: Meter, model, prompts, base: str) -> None:
+    """Item 5: continuous batching against chunks of whole prompts at each ``chunk_rows``, same rows."""
+    from rltt.rollout import NativeEngine, SamplingParams
+
+    e, sec = ctx.shapes.engine, meter.sec
+    vocab, new = model.config.vocab_size, e["new_tokens"]
+    stops = list(range(1, vocab, max(2, new)))  # about V / new_tokens ids: a stop every ~new_tokens tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=2 * new, exit_policy="sample", schedule="deferred",
+                            seed=3, stop_token_ids=stops, n=4)
+    for rows in e["continuous_batches"]:
+        setting = (f"{base}; rollout.chunk_rows {rows}, a call of {rows} prompts x 4 rows, prompt {e['prompt_len']}, "
+                   f"temperature 1, {len(stops)} stop ids (lengths ~ geometric, mean ~{new}, cap {2 * new}), deferred, "
+                   f"sampled exits; the default engine (graphs on with CUDA); one warm-up call, then {meter.calls} timed")
+        ids = prompts(rows, 7000 + rows).tolist()
+        fastest = {}
+        with sec.step(f"continuous at chunk_rows {rows}"):
+            for name, flag in (("chunks", False), ("continuous", True)):
+                engine = NativeEngine(model, rows, continuous=flag)
+                got = meter.run(f"{name} r{rows}", lambda: engine.generate(ids, params))
+                if got is None:
+                    continue
+                times, out = got
+                fastest[name] = min(times)
+                prefix = f"continuous.r{rows}.{name}"
+                _rollout_figures(meter, prefix, times, out, e["prompt_len"], 2 * new, setting)
+                sec.add(f"{prefix}.occupancy", round(out.stats.occupancy, 4), "live rows per pass / chunk_rows",
+                        setting)
+                engine = got = out = None
+                ctx.release()
+            sec.add(f"continuous.r{rows}.continuous/chunks", ratio(fastest.get("chunks"), fastest.get("continuous")),
+                    "x (tokens/s, fastest calls)", setting + "; target >= 1.3x at chunk_rows 128")
+
+
 def section_engine(ctx: Context, sec: SectionResult, deadline: Deadline) -> None:
     import torch
 
@@ -314,3 +351,4 @@ def section_engine(ctx: Context, sec: SectionResult, deadline: Deadline) -> None
     sweep(ctx, meter, model, prompts, base)
     with sec.step(f"native vs generate() at batch {e['generate_batch']}"):
         versus_generate(ctx, meter, model, prompts, base)
+    continuous(ctx, meter, model, prompts, base)

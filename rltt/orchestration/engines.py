@@ -10,7 +10,8 @@ replayed bitwise is a property of the engine (`RolloutEngine.replayable`), never
   batch of its passes holds (``auto`` and None: one batch per call); ``rollout.cuda_graphs``: its
   bucketed passes replayed as CUDA graphs (null: on with CUDA; true on CPU is a recipe error);
   ``rollout.attention``: ``sdpa`` or ``triton`` (`rltt.rollout.attention`; triton without a usable
-  Triton is a recipe error). With ``learner.lora`` its model holds the adapters and applies them in
+  Triton is a recipe error); ``rollout.continuous_batching`` (true by default): a call of more rows than
+  ``chunk_rows`` shares ``chunk_rows`` slots continuously, false: chunks of whole prompts. With ``learner.lora`` its model holds the adapters and applies them in
   every pass (the learner's own arithmetic, so replay stays bitwise); an update sends the adapters.
 - ``vllm`` → `VllmEngine` (``rollout.vllm`` options) on the model (saved once for vLLM) or a
   checkpoint directory; dense schedule only. vLLM is imported only when one is built; without it
@@ -63,7 +64,7 @@ def _native(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
     return NativeEngine(model_or_dir, chunk_rows if isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
                         else None, cuda_graphs=_get(rollout, "cuda_graphs"),
                         attention=_get(rollout, "attention", DEFAULT_ATTENTION),
-                        continuous=_get(rollout, "continuous_batching", False))
+                        continuous=ENGINES["native"].continuous(rollout))
 
 
 def _vllm(rollout: Any, model_or_dir: Any, overrides: dict) -> RolloutEngine:
@@ -85,6 +86,20 @@ def _vllm_adapters(rollout: Any) -> str:
     return "served" if _get(_get(rollout, "vllm"), "lora", "adapters") == "adapters" else "merged"
 
 
+def _native_continuous(rollout: Any) -> bool:
+    value = _get(rollout, "continuous_batching", True)
+    if not isinstance(value, bool):
+        raise recipe_error("rollout.continuous_batching", f"must be true or false, got {value!r}")
+    return value
+
+
+def _vllm_continuous(rollout: Any) -> bool:
+    if _get(rollout, "continuous_batching", True) is not True:
+        raise recipe_error("rollout.continuous_batching", "rollout.engine=vllm batches requests continuously its "
+                                                          "own way; only the native engine can run chunks (false)")
+    return True
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine a recipe can name. ``build(rollout_section, model_or_dir, overrides)``;
@@ -97,6 +112,11 @@ class EngineSpec:
     why: str = ""
     #: ``adapters(rollout_section)``: how it applies a LoRA learner's adapters (`ADAPTER_MODES`)
     adapters: Callable[[Any], str] = lambda rollout: "model"
+    #: ``continuous(rollout_section)``: whether a call's rows share the engine's row bound continuously (a
+    #: finished row's slot taken by the next row) rather than in chunks — ``rollout.continuous_batching``
+    #: read once, here, by the recipe check, the memory plan and the engine factory (a one-line error for
+    #: a value the engine cannot run)
+    continuous: Callable[[Any], bool] = lambda rollout: True
 
     def check_schedule(self, name: str, schedule: str) -> None:
         if schedule not in self.schedules:
@@ -105,9 +125,9 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "native": EngineSpec(_native, schedules=SCHEDULES, in_place=True),
+    "native": EngineSpec(_native, schedules=SCHEDULES, in_place=True, continuous=_native_continuous),
     "vllm": EngineSpec(_vllm, schedules=("dense",), in_place=False, why="vLLM computes every step of every token",
-                       adapters=_vllm_adapters),
+                       adapters=_vllm_adapters, continuous=_vllm_continuous),
 }
 
 

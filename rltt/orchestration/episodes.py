@@ -235,7 +235,10 @@ def _episode_rollout(first: RolloutBatch, calls: list[tuple[RolloutBatch, list[i
     stats = RolloutStats(passes=sum(s.passes for s in done), row_passes=row_passes,
                          entries_computed=sum(s.entries_computed for s in done),
                          entries_pending=sum(s.entries_pending for s in done),
-                         tokens=sum(s.tokens for s in done), wall_time=sum(s.wall_time for s in done))
+                         tokens=sum(s.tokens for s in done), wall_time=sum(s.wall_time for s in done),
+                         occupied=sum(s.occupied for s in done), occupied_passes=sum(s.occupied_passes for s in done),
+                         waiting_occupied=sum(s.waiting_occupied for s in done),
+                         waiting_passes=sum(s.waiting_passes for s in done))
     for ep in episodes:
         ep.finish = "length" if ep.truncated else "stop"
     return rows_batch(prompts, [r // params.n for r in range(R)], episodes,

@@ -160,9 +160,10 @@ class RolloutSection:
     (one Triton launch per layer reading the KV cache in place; needs Triton and CUDA; measured once on a
     GPU with the attention between captured pieces, its whole-pass capture not yet; `rltt.rollout.attention`,
     docs/engine.md).
-    ``continuous_batching``: the native engine keeps its ``chunk_rows`` slots full — a row of the next
-    prompts takes the slot of a row that finished, instead of chunks of whole prompts one after another
-    (`rltt.rollout.continuous`, docs/engine.md; replay stays bitwise); false: chunks."""
+    ``continuous_batching`` (default true): the native engine keeps its ``chunk_rows`` slots full — a row
+    of the next prompts takes the slot of a row that finished — instead of chunks of whole prompts one
+    after another (`rltt.rollout.admission`, docs/engine.md; replay stays bitwise); false: chunks (vLLM
+    always batches continuously)."""
 
     engine: Literal[tuple(ENGINES)] = "native"  # type: ignore[valid-type]  # the engine table's names
     prompts_per_step: PositiveInt = 8
@@ -180,7 +181,7 @@ class RolloutSection:
     chunk_rows: int | Literal["auto"] = "auto"  # rows sampled at once (a multiple of group_size); auto: `rltt plan` picks
     cuda_graphs: bool | None = None  # native engine: bucketed passes replayed as CUDA graphs (null: on with CUDA)
     attention: Literal[tuple(ATTENTION)] = DEFAULT_ATTENTION  # type: ignore[valid-type]  # native engine: sdpa | triton
-    continuous_batching: bool = False  # native engine: finished rows' slots taken by the next prompts' rows
+    continuous_batching: bool = True  # native engine: finished rows' slots taken by the next prompts' rows
 
     def validate(self) -> None:
         if self.chunk_rows != "auto" and (self.chunk_rows < 1 or self.chunk_rows % self.group_size):
@@ -191,10 +192,9 @@ class RolloutSection:
         if self.thinking.budget > self.max_new_tokens:
             raise recipe_error("rollout.thinking.budget", f"must be <= rollout.max_new_tokens={self.max_new_tokens}, "
                                                           f"got {self.thinking.budget}")
-        ENGINES[self.engine].check_schedule(self.engine, self.schedule)
-        if self.continuous_batching and self.engine != "native":
-            raise recipe_error("rollout.continuous_batching", f"is a native engine option; rollout.engine="
-                                                              f"{self.engine} batches requests its own way")
+        spec = ENGINES[self.engine]
+        spec.check_schedule(self.engine, self.schedule)
+        spec.continuous(self)
 
 
 @dataclass

@@ -18,7 +18,7 @@ one chunk at a time, so these terms are what it holds between turns too::
                         (the shared prefill pass runs each prompt's P − 1 positions once, without
                         gradients: one layer's tensors at a time, and the additive attention mask)
 
-With continuous batching (``rollout.continuous_batching``, `rltt.rollout.continuous`) R is the slots
+With continuous batching (``rollout.continuous_batching``, `rltt.rollout.admission.Continuous`) R is the slots
 (``chunk_rows``) of the one executor a call keeps, S still the longest prompt + the completion width
 (the call's longest prompt, within ``data.max_prompt_tokens``). What changes::
 

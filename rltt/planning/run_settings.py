@@ -73,7 +73,7 @@ class RunSettings:
     vllm_lora: str = "adapters"  # rollout.vllm.lora: a LoRA run's adapters served by vLLM's LoRA, or merged
     cuda_graphs: bool = False  # rollout.cuda_graphs as the native engine resolves it (null: on with CUDA)
     attention: str = DEFAULT_ATTENTION  # rollout.attention (a captured triton pass keeps per-bucket inputs)
-    continuous: bool = False  # rollout.continuous_batching: one executor of chunk_rows slots per call
+    continuous: bool = True  # rollout.continuous_batching as the engine table reads it: chunk_rows slots per call
     headroom: float = DEFAULT_HEADROOM  # train.memory_headroom: the share of each device the plan leaves free
     lora_rank: int = 0  # learner.lora.rank (0: full fine-tuning)
     lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
@@ -99,7 +99,7 @@ class RunSettings:
             vllm_multiprocess=bool(r.vllm.multiprocess), vllm_lora=getattr(r.vllm, "lora", "adapters"),
             cuda_graphs=device == "cuda" and getattr(r, "cuda_graphs", None) is not False,
             attention=getattr(r, "attention", DEFAULT_ATTENTION),
-            continuous=bool(getattr(r, "continuous_batching", False)) and r.engine == "native",
+            continuous=r.continuous_batching,  # checked against the engine by the recipe (`EngineSpec.continuous`)
             headroom=recipe.train.memory_headroom,
             **lora_settings(getattr(learner, "lora", None)),
         )

@@ -4,8 +4,9 @@
 whole prompts (`NativeEngine.chunks`), one at a time. A session's `PassExecutor` is made once, for
 its rows' longest prompt plus the episode's completion budget, and kept until the session closes:
 
-- **the first turn** is the chunk's ordinary rollout (`rltt.rollout.chunk_decode.open_chunk` and
-  `decode_chunk`: shared prefill, passes, exits), with the keys the whole call gives its rows;
+- **the first turn** is the chunk's ordinary rollout on a decode loop whose slots its rows keep
+  (`rltt.rollout.decode_loop.DecodeLoop`, `rltt.rollout.admission.SeatAll`: shared prefill, passes,
+  exits), with the keys the whole call gives its rows;
 - **a later turn** of row r appends what came after the token it sampled last (the environment's
   answer) to the row's tokens and resumes its scheduler row (`Scheduler.resume`): the appended
   tokens — and the pending steps of the last sampled token — start pending at depth 0 and are
@@ -35,9 +36,10 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rltt.errors import RlttError
+from rltt.rollout.admission import SeatAll, seat_all
+from rltt.rollout.decode_loop import DecodeLoop
 from rltt.rollout.rows import rows_batch
-from rltt.rollout.chunk_decode import ChunkState, check_prompts, decode_chunk, open_chunk
-from rltt.rollout.params import SamplingParams, stop_token_set
+from rltt.rollout.params import SamplingParams, check_prompts, stop_token_set
 from rltt.rollout.rollout_batch import PassRecord, RolloutBatch, Schedule
 from rltt.rollout.sampler import RowRandom
 from rltt.rollout.turns import TurnSession
@@ -86,14 +88,11 @@ class ContinuedTurns(TurnSession):
         self.setup = engine.setup  # the engine's passes (attention, buckets), as `NativeEngine.generate` runs them
         self.attention = engine.attention
         self.prompts, self.params, self.policy, self.stops, self.width = prompts, params, policy, stops, width
-        # keys of its own: a later turn replaces a row's key in place
-        self.random = object.__new__(RowRandom)
-        self.random.device, self.random.keys, self.random.host_keys = (random.device, random.keys.clone(),
-                                                                       random.host_keys.clone())
+        self.random = random
         self.first_prompt, self.end_prompt = first_prompt, first_prompt + len(prompts)
         self.first_row, self.end_row = first_prompt * n, (first_prompt + len(prompts)) * n
         self.num_rows = len(prompts) * n
-        self.state: ChunkState | None = None
+        self.loop: DecodeLoop | None = None
         self.passes: list[PassRecord] = []
         self.held: list[list[int]] = []  # each row's tokens in the executor: prompt, turns, answers
         self.released: set[int] = set()
@@ -107,9 +106,12 @@ class ContinuedTurns(TurnSession):
         self.started = True
         start = time.perf_counter()
         params = self.params
-        self.state, prefill = open_chunk(self.model, self.prompts, params, self.policy, self.random, self.width,
-                                         setup=self.setup)
-        run = decode_chunk(self.state, params, self.stops, [params.max_new_tokens] * self.num_rows, prefill)
+        longest = max(len(p) for p in self.prompts)
+        positions = min(longest + self.width, self.model.config.max_position_embeddings + 1)
+        self.loop = DecodeLoop(self.model, self.num_rows, positions, params, self.policy, self.random, self.stops,
+                               self.setup)
+        prefill = seat_all(self.loop, self.prompts, params.n)
+        run = self.loop.run(SeatAll(), [params.max_new_tokens] * self.num_rows, prefill)
         self.passes += run.schedule.passes
         index = [i for i in range(len(self.prompts)) for _ in range(params.n)]
         self.held = [list(self.prompts[i]) + run.rows[r].ids for r, i in enumerate(index)]
@@ -119,7 +121,7 @@ class ContinuedTurns(TurnSession):
     def next(self, rows: list[int], sequences: list[list[int]], caps: list[int],
              params: SamplingParams) -> RolloutBatch:
         start = time.perf_counter()
-        state = self._open()
+        loop = self._open()
         cfg = self.model.config
         params.validate(cfg.num_loops, cfg.vocab_size)
         if params.n != 1 or params.prompt_seeds is None or len(params.prompt_seeds) != len(rows):
@@ -131,7 +133,7 @@ class ContinuedTurns(TurnSession):
         if not (len(rows) == len(sequences) == len(caps)) or len(set(rows)) != len(rows):
             raise RlttError("ContinuedTurns.next: rows, sequences and caps need one entry per distinct row")
         sequences = check_prompts(sequences, cfg.vocab_size, cfg.max_position_embeddings)
-        executor, sched = state.executor, state.sched
+        executor, sched = loop.executor, loop.sched
         for r, seq, cap in zip(rows, sequences, caps):
             held = self.held[r] if 0 <= r < self.num_rows else None
             if held is None or r in self.released:
@@ -149,26 +151,23 @@ class ContinuedTurns(TurnSession):
             if appended:
                 executor.tokens[r, len(self.held[r]): len(seq)] = torch.tensor(appended, device=device)
             sched.resume(r, len(appended))
-            state.starts[r] = len(seq) - 1
             self.held[r] = list(seq)
-        fresh = RowRandom(0, self.random.device, None, list(params.prompt_seeds), 1)
-        index = torch.tensor(rows, dtype=torch.long)
-        self.random.host_keys[index] = fresh.host_keys
-        self.random.keys[index.to(self.random.keys.device)] = fresh.keys
-        state.decider.start_tokens(list(rows), [0] * len(rows))
+        # each continued row draws from its turn seed from now on
+        loop.slot_random.rekey(list(rows), RowRandom(0, self.random.device, None, list(params.prompt_seeds), 1))
+        loop.begin_all(list(rows), [len(seq) - 1 for seq in sequences])
         cap = [0] * self.num_rows
         for r, c in zip(rows, caps):
             cap[r] = c
-        run = decode_chunk(state, params, self.stops, cap)
+        run = loop.run(SeatAll(), cap)
         self.passes += run.schedule.passes
         for r in rows:
             self.held[r] += run.rows[r].ids
         return self._batch(sequences, list(range(len(rows))), list(rows), run, params, False, start)
 
-    def _open(self) -> ChunkState:
-        if self.state is None:
+    def _open(self) -> DecodeLoop:
+        if self.loop is None:
             raise RlttError("ContinuedTurns: no live rows (sample the first turn first; a closed session holds none)")
-        return self.state
+        return self.loop
 
     def _batch(self, prompts, prompt_index, rows, run, params, replayable, start) -> RolloutBatch:
         """The batch of ``rows`` (session rows, in order) from ``run``; row i completes ``prompts[prompt_index[i]]``."""
@@ -190,18 +189,18 @@ class ContinuedTurns(TurnSession):
     def release(self, rows: list[int]) -> None:
         self.released.update(rows)
         if len(self.released) >= self.num_rows:
-            self.state = None  # every episode ended: the executor (KV cache) goes now
+            self.loop = None  # every episode ended: the executor (KV cache) goes now
 
     def record(self) -> Schedule:
         return Schedule(self.params.schedule, list(self.passes), replayable=True, attention=self.attention)
 
     def close(self) -> None:
-        self.state = None
+        self.loop = None
         self.closed = True
 
     def held_bytes(self) -> int:
         """Bytes of the KV cache the session keeps between turns (0 once released or closed)."""
-        if self.state is None:
+        if self.loop is None:
             return 0
-        cache = self.state.executor.cache
+        cache = self.loop.executor.cache
         return sum(t.numel() * t.element_size() for t in cache.keys + cache.values)

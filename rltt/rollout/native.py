@@ -8,11 +8,13 @@ whose exit policy says "exit here" are sampled from the full-vocabulary logits o
 (tempered, truncated by top-k/top-p: the kept set is recorded per token, `kept_floor`).
 Every pass is recorded (`PassRecord`) so `replay_logprobs` can re-execute it bit for bit.
 
-With ``chunk_rows`` a call runs in chunks of whole prompts, one after another
-(`rltt.rollout.chunk_decode.run_chunk`), so the KV cache holds one chunk's rows, never the whole
-call's (docs/design.md §2.7); with ``continuous`` the call's rows share ``chunk_rows`` slots of one
-executor instead, a finished row's slot taken by the next row (`rltt.rollout.continuous`). Multi-turn
-episodes continue a chunk's rows between turns (`open_turns`, `rltt.rollout.continuation`).
+Every call runs on the one decode loop (`rltt.rollout.decode_loop`) under an admission policy
+(`rltt.rollout.admission`): with ``chunk_rows`` below the call's rows, by default the rows share
+``chunk_rows`` slots of one executor, a finished row's slot taken by the next row (`Continuous`,
+docs/engine.md "Continuous batching"); with ``continuous=False`` they run in chunks of whole prompts,
+one after another, so the KV cache holds one chunk's rows, never the whole call's (`SeatAll` on one loop
+per chunk, docs/design.md §2.7). Multi-turn episodes keep a chunk's rows in their slots between turns
+(`open_turns`, `rltt.rollout.continuation`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from rltt.model.adapters import is_adapter
 from rltt.model.modeling import LoopedForCausalLM
 from rltt.rollout.attention import DEFAULT_ATTENTION, PassSetup
 from rltt.rollout.buckets import pass_buckets
-from rltt.rollout.chunk_decode import check_prompts, run_chunk
-from rltt.rollout.rows import Row, rows_batch
+from rltt.rollout.admission import Continuous, SeatAll, seat_all
 from rltt.rollout.continuation import native_turns
-from rltt.rollout.continuous import run_continuous
+from rltt.rollout.decode_loop import DecodeLoop, LoopRun, kv_positions
+from rltt.rollout.rows import Row, rows_batch
 from rltt.rollout.engine import EXTRA_WEIGHTS, RolloutEngine
-from rltt.rollout.params import SamplingParams, stop_token_set
-from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, Schedule, join_schedules
+from rltt.rollout.params import SamplingParams, check_prompts, stop_token_set
+from rltt.rollout.rollout_batch import RolloutBatch, RolloutStats, join_schedules
 from rltt.rollout.sampler import RowRandom
 
 
@@ -57,10 +59,10 @@ class NativeEngine(RolloutEngine):
     ``attention`` (``rollout.attention``): ``sdpa`` (default) or ``triton`` — one Triton launch per
     layer reading the cache slots in place (`rltt.rollout.attention`); recorded in each batch's
     `Schedule.attention`, which `replay_logprobs` follows. Needs Triton, and CUDA or Triton's interpreter.
-    ``continuous`` (``rollout.continuous_batching``): with ``chunk_rows``, the call's rows share
-    ``chunk_rows`` slots of one executor and a row of the next prompts takes a slot as soon as a row
-    finishes (`rltt.rollout.continuous`), instead of chunks one after another; the record replays
-    bit for bit too. Without ``chunk_rows`` every row has a slot from the start: the same passes.
+    ``continuous`` (``rollout.continuous_batching``, the default): with ``chunk_rows`` below a call's
+    rows, the rows share ``chunk_rows`` slots of one executor and a row of the next prompts takes a slot
+    as soon as a row finishes (`rltt.rollout.admission.Continuous`); False: chunks one after another.
+    Either record replays bit for bit. A call of at most ``chunk_rows`` rows seats every row at once.
 
     Both ``cuda_graphs``/``buckets`` and ``attention`` are resolved once, here, into the engine's
     `PassSetup` (``setup``), which every executor it makes receives; a replay that should run the passes as they ran takes ``setup.buckets``.
@@ -69,7 +71,7 @@ class NativeEngine(RolloutEngine):
     replayable = True
 
     def __init__(self, model: LoopedForCausalLM, chunk_rows: int | None = None, cuda_graphs: bool | None = None,
-                 buckets: bool | None = None, attention: str = DEFAULT_ATTENTION, continuous: bool = False):
+                 buckets: bool | None = None, attention: str = DEFAULT_ATTENTION, continuous: bool = True):
         if not isinstance(model, LoopedForCausalLM):
             raise RlttError(f"NativeEngine needs a LoopedForCausalLM, got {type(model).__name__}")
         if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
@@ -135,11 +137,11 @@ class NativeEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        """Sample ``params.n`` completions per prompt. With ``chunk_rows`` the rows run in chunks
-        of whole prompts, one after another, each with a KV cache for its own rows and positions
-        only. Every row keeps the random key the whole call gives it, so it draws the same numbers
-        chunked or not (what a chunk changes is the rounding of a smaller batch, docs/design.md
-        §2.7), and the merged record replays chunk by chunk."""
+        """Sample ``params.n`` completions per prompt on the decode loop (class docstring: continuous
+        slots, or chunks of whole prompts each with a KV cache for its own rows and positions only).
+        Every row keeps the random key the whole call gives it, so it draws the same numbers however
+        the rows share passes (what that changes is rounding, docs/design.md §2.7), and the record
+        replays bit for bit."""
         start_time = time.perf_counter()
         cfg = self.model.config
         T = cfg.num_loops
@@ -152,38 +154,40 @@ class NativeEngine(RolloutEngine):
         random = RowRandom(seed, self.model.lm_head.weight.device, len(prompts) * n, params.prompt_seeds, n)
         stops = stop_token_set(params, cfg)
 
-        if self.continuous and self.chunk_rows is not None and self.chunk_rows < len(prompts) * n:
-            run = run_continuous(self.model, prompts, params, policy, random, stops, self.chunk_rows, self.setup)
-            run.stats.wall_time = 0.0
-            batch = rows_batch(prompts, [i for i in range(len(prompts)) for _ in range(n)], run.rows,
-                               schedule=run.schedule, params=replace(params, seed=seed), stats=run.stats,
-                               num_loops=T, dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
-            run.stats.wall_time = time.perf_counter() - start_time
-            return batch
-        rows: list[Row] = []
-        schedules, stats, sizes = [], [], []
-        bound = self.chunk_rows if self.chunk_rows is not None else len(prompts) * n
-        chunks = self.chunks(len(prompts), n)
-        for k, (first, end) in enumerate(chunks):  # each chunk's executor is freed when it returns
-            chunk = run_chunk(self.model, prompts[first:end], params, policy, random.take(first * n, end * n),
-                               stops, self.setup)
-            rows += chunk.rows
-            schedules.append(chunk.schedule)
-            stats.append(_occupancy(chunk.stats, chunk.schedule, bound, waiting=k + 1 < len(chunks)))
-            sizes.append(len(chunk.rows))
+        num_rows = len(prompts) * n
+        bound = self.chunk_rows if self.chunk_rows is not None else num_rows
+        if self.continuous and bound < num_rows:  # one loop of ``chunk_rows`` slots, rows admitted as slots free
+            loop = DecodeLoop(self.model, bound, _width(prompts, params, cfg), params, policy, random, stops,
+                              self.setup)
+            runs = [loop.run(Continuous(prompts, n, bound), [params.max_new_tokens] * num_rows)]
+            chunks = [(0, len(prompts))]
+        else:  # chunks of whole prompts, one after another, each a loop of its own rows (freed when it ends)
+            chunks = self.chunks(len(prompts), n)
+            runs = []
+            for k, (first, end) in enumerate(chunks):
+                part = prompts[first:end]
+                loop = DecodeLoop(self.model, len(part) * n, _width(part, params, cfg), params, policy,
+                                  random.take(first * n, end * n), stops, self.setup)
+                prefill = seat_all(loop, part, n)
+                runs.append(loop.run(SeatAll(waiting=k + 1 < len(chunks)), [params.max_new_tokens] * len(part) * n,
+                                     prefill, bound))
+        return self._batch(prompts, runs, chunks, replace(params, seed=seed), start_time)
 
-        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
+    def _batch(self, prompts: list[list[int]], runs: list[LoopRun], chunks: list[tuple[int, int]],
+               params: SamplingParams, start_time: float) -> RolloutBatch:
+        """The call's `RolloutBatch` from its loops' runs (one per chunk, in row order)."""
+        cfg, n = self.model.config, params.n
+        rows: list[Row] = [row for run in runs for row in run.rows]
+        stats = [run.stats for run in runs]
         run_stats = stats[0] if len(stats) == 1 else RolloutStats.join(stats, serial=True, wall_time=0.0)
-        batch = rows_batch(prompts, prompt_index, rows, schedule=join_schedules(schedules, sizes),
-                           params=replace(params, seed=seed), stats=run_stats, num_loops=T,
+        schedule = join_schedules([run.schedule for run in runs], [(b - a) * n for a, b in chunks])
+        batch = rows_batch(prompts, [i for i in range(len(prompts)) for _ in range(n)], rows, schedule=schedule,
+                           params=params, stats=run_stats, num_loops=cfg.num_loops,
                            dtype=self.model.lm_head.weight.dtype, pad_id=cfg.pad_token_id or 0)
         run_stats.wall_time = time.perf_counter() - start_time
         return batch
 
 
-def _occupancy(stats: RolloutStats, schedule: Schedule, bound: int, waiting: bool) -> RolloutStats:
-    """``stats`` with the occupancy of a chunk's passes: each pass's live rows (its ranges) over the row
-    bound; ``waiting``: rows of later chunks waited through all of them."""
-    occupied = sum(len(p.work) for p in schedule.passes) / bound
-    return replace(stats, occupied=occupied, occupied_passes=len(schedule.passes),
-                   waiting_occupied=occupied if waiting else 0.0, waiting_passes=len(schedule.passes) if waiting else 0)
+def _width(prompts: list[list[int]], params: SamplingParams, cfg) -> int:
+    """Positions per slot of a loop over ``prompts`` (`kv_positions`)."""
+    return kv_positions(max(len(p) for p in prompts), params, cfg.max_position_embeddings)

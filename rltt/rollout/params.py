@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence, get_args
 
+import torch
+
 from rltt.errors import RlttError
 from rltt.model.exits import ExitPolicy
 
@@ -204,3 +206,21 @@ def stop_token_set(params: SamplingParams, config) -> set[int]:
     if not params.ignore_eos and eos is not None:
         stops |= set(eos if isinstance(eos, list) else [eos])
     return stops
+
+
+def check_prompts(prompts, vocab_size: int, max_positions: int) -> list[list[int]]:
+    """Validate prompts (non-empty lists of in-vocabulary ids within the position limit)."""
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise RlttError("prompts: expected a non-empty list of token-id lists")
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        if not ids:
+            raise RlttError(f"prompts[{i}] is empty: a prompt needs at least one token (e.g. BOS)")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+            raise RlttError(f"prompts[{i}] holds a token id outside [0, {vocab_size}) or a non-int")
+        if len(ids) > max_positions:
+            raise RlttError(f"prompts[{i}] has {len(ids)} tokens, more than the model's "
+                            f"max_position_embeddings={max_positions}")
+        out.append(ids)
+    return out

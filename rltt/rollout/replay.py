@@ -2,7 +2,8 @@
 
 `replay_logprobs(model, batch)` re-executes the recorded passes of a native rollout with the
 recorded tokens, exits and kept sets (top-k/top-p) in place of the sampling decisions. The passes run through the same
-`PassExecutor` with the same batch composition — a record of several chunks (`Schedule.chunks`: a
+`PassExecutor` with the same batch composition (`_replay_span`, one driver for every record the
+decode loop writes) — a record of several chunks (`Schedule.chunks`: a
 chunked native call, a Ray pool's shards) chunk by chunk, each on an executor of its own rows — so
 at the rollout's weights the result equals ``batch.logprobs`` / ``batch.tempered_logprobs`` bit
 for bit (fp32 and bf16, dense and deferred), and so do the gates the passes compute, hence the
@@ -59,27 +60,36 @@ def replay_logprobs(model: LoopedForCausalLM, batch: RolloutBatch, buckets=None)
     # the rollout's attention implementation: another one rounds differently
     setup = PassSetup.of(batch.schedule.attention, model.lm_head.weight.device, buckets)
     for first, end, pass_first, pass_end in spans:
-        passes = batch.schedule.passes[pass_first:pass_end]
-        continuous = bool(passes) and passes[0].admit is not None  # a continuous-batching record
-        replay = _replay_continuous if continuous else _replay_chunk
-        replay(model, batch, first, end, passes, raw, tempered, gates, setup)
+        _replay_span(model, batch, first, end, batch.schedule.passes[pass_first:pass_end], raw, tempered, gates,
+                     setup)
     return ReplayLogprobs(raw, tempered, exit_logprob(gates, batch.exit_steps, batch.action_mask).cpu())
 
 
-def _replay_continuous(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
-                       raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor, setup: PassSetup) -> None:
-    """Re-execute a continuous-batching record (`rltt.rollout.continuous`) of the rows ``first..end-1``
-    on an executor of its slots: each pass's admissions first (the row's whole sequence written into
-    its slot, the shared prefix copied as recorded), then its work, its forks, its exits (slots mapped
-    to the rows they held); a row's gates are read when it leaves its slot (its last exit)."""
-    num_slots = 1 + max(int(p.admit[:, 0].max()) for p in passes if p.admit is not None) - first
+def _replay_span(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
+                 raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor, setup: PassSetup) -> None:
+    """Re-execute the passes of the rows ``first..end-1`` (one decode loop's record, its slots numbered
+    from ``first``) on an executor of its slots, as the loop ran them: a record without admissions
+    seated every row in its own slot before the first pass (`rltt.rollout.admission.SeatAll`); one
+    with admissions seats each recorded row before its pass — its whole sequence written, the shared
+    prefix copied as recorded. Then each pass's work, forks and exits (slots mapped to the rows they
+    hold). A row's gates are read when it leaves its slot or at the end."""
+    if end == first:
+        return
+    admitting = any(p.admit is not None for p in passes)
+    num_slots = (1 + max(int(p.admit[:, 0].max()) for p in passes if p.admit is not None) - first if admitting
+                 else end - first)
     lengths = batch.prompt_lengths[first:end]
     width = max(1, int(batch.completion_lengths[first:end].max()))
     executor = PassExecutor(model, num_slots, int(lengths.max()) + width, setup)
-    truncated = bool((batch.kept_floor[first:end] >= 0).any())
+    truncated = bool((batch.kept_floor[first:end] >= 0).any())  # else no floor to apply (logprobs_of)
     holder = [-1] * num_slots  # the batch row in each slot
+    if not admitting:
+        for r in range(first, end):
+            seq = batch.sequence(r)
+            executor.tokens[r - first, : len(seq)] = torch.tensor(seq)
+            holder[r - first] = r
 
-    def leave(slot: int) -> None:
+    def leave(slot: int) -> None:  # the state before completion token j sits at position prompt + j − 1
         r = holder[slot]
         n, start = int(batch.completion_lengths[r]), int(batch.prompt_lengths[r]) - 1
         gates[:, r, :n] = executor.gates[:, slot, start:start + n].cpu()
@@ -97,28 +107,6 @@ def _replay_continuous(model: LoopedForCausalLM, batch: RolloutBatch, first: int
     for slot in range(num_slots):
         if holder[slot] >= 0:
             leave(slot)
-
-
-def _replay_chunk(model: LoopedForCausalLM, batch: RolloutBatch, first: int, end: int, passes: list,
-                  raw: torch.Tensor, tempered: torch.Tensor, gates: torch.Tensor, setup: PassSetup) -> None:
-    """Re-execute the passes of the chunk of rows ``first..end-1`` on an executor of those rows
-    alone (the batch composition they were sampled with; the record numbers them from ``first``),
-    writing their log-probs into ``raw`` / ``tempered`` and the gates of their completion tokens'
-    states into ``gates`` (T, R, C)."""
-    if end == first:
-        return
-    lengths = batch.prompt_lengths[first:end]
-    width = max(1, int(batch.completion_lengths[first:end].max()))
-    executor = PassExecutor(model, end - first, int(lengths.max()) + width, setup)
-    for r in range(first, end):
-        seq = batch.sequence(r)
-        executor.tokens[r - first, : len(seq)] = torch.tensor(seq)
-    truncated = bool((batch.kept_floor[first:end] >= 0).any())  # else no floor to apply (logprobs_of)
-    for record in passes:
-        _replay_pass(executor, batch, record, first, lambda local: record.exits, truncated, raw, tempered)
-    for r in range(first, end):  # the state before completion token j sits at position prompt + j − 1
-        n, start = int(batch.completion_lengths[r]), int(batch.prompt_lengths[r]) - 1
-        gates[:, r, :n] = executor.gates[:, r - first, start:start + n].cpu()
 
 
 def _replay_pass(executor: PassExecutor, batch: RolloutBatch, record, first: int, held, truncated: bool,

@@ -37,7 +37,7 @@ class PassRecord:
     gates) of positions ``0..length-1`` — the rows of one prompt share its prefill.
 
     ``admit`` (m, 4) rows of ``[slot, row, src, length]``, only in a continuous-batching record
-    (`rltt.rollout.continuous`): *before* the pass, in order, slot ``slot`` starts holding the batch's
+    (`rltt.rollout.admission.Continuous`): *before* the pass, in order, slot ``slot`` starts holding the batch's
     row ``row`` (`PassExecutor.admit`: the state of positions ``0..length-1`` from slot ``src`` when
     ``src ≥ 0``). In such a record ``work`` rows, ``exits`` and ``fork`` name slots, not batch rows.
     """

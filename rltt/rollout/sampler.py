@@ -48,6 +48,28 @@ class RowRandom:
         out.device, out.keys, out.host_keys = self.device, self.keys[start:end], self.host_keys[start:end]
         return out
 
+    def slots(self, num: int) -> "RowRandom":
+        """Keys for ``num`` slots of a decode loop, a copy of this one's first rows' (each slot takes the
+        key of the row it holds, `assign`)."""
+        out = self.take(0, num)
+        out.keys, out.host_keys = out.keys.clone(), out.host_keys.clone()
+        if len(out.host_keys) < num:  # more slots than rows: the rest get theirs when seated
+            pad = num - len(out.host_keys)
+            out.keys = torch.cat([out.keys, out.keys.new_zeros(pad)])
+            out.host_keys = torch.cat([out.host_keys, out.host_keys.new_zeros(pad)])
+        return out
+
+    def assign(self, slot: int, source: "RowRandom", row: int) -> None:
+        """Slot ``slot`` draws from now on what row ``row`` of ``source`` draws."""
+        self.keys[slot] = source.keys[row]
+        self.host_keys[slot] = source.host_keys[row]
+
+    def rekey(self, slots: list[int], fresh: "RowRandom") -> None:
+        """Slots ``slots`` draw from now on what rows ``0..`` of ``fresh`` draw (a turn's own seeds)."""
+        index = torch.tensor(slots, dtype=torch.long)
+        self.host_keys[index] = fresh.host_keys
+        self.keys[index.to(self.keys.device)] = fresh.keys
+
     def uniform(self, rows, counters, stream: int, host: bool = False) -> torch.Tensor:
         """The uniforms of ``rows`` at ``counters`` (lists or int64 tensors on the keys' device);
         ``host``: computed on the host from lists (integer arithmetic: the same values)."""

@@ -33,6 +33,13 @@ class Scheduler:
         self.row_passes = [0] * rows
         self.skip = [0] * rows  # forced tokens written after the decode token's sampled one
 
+    @classmethod
+    def vacant(cls, kind: str, num_loops: int, num_slots: int) -> "Scheduler":
+        """``num_slots`` slots holding no row yet: each starts one with `admit`."""
+        sched = cls(kind, num_loops, [1] * num_slots)
+        sched.active = [False] * num_slots
+        return sched
+
     def prefilled(self, rows: list[int], passes: int) -> None:
         """``rows`` had positions ``0..cursor-1`` computed at every step by a shared prefill of
         ``passes`` serial passes (every row waited for them)."""
@@ -41,7 +48,7 @@ class Scheduler:
         self.row_passes = [n + passes for n in self.row_passes]
 
     def admit(self, row: int, prompt_length: int, prefilled: bool, prefill: bool = False) -> None:
-        """Slot ``row`` starts a new row (continuous batching, `rltt.rollout.continuous`) of a prompt of
+        """Slot ``row`` starts a new row (`rltt.rollout.admission`) of a prompt of
         ``prompt_length`` tokens: ``prefilled`` — positions ``0..P-2`` are computed at every step (a
         shared prefill copied in); ``prefill`` — the row first computes those positions at steps 1..T
         as its own range ``0..P-2`` (T passes, no exit), then decodes (`end_prefill`); neither — its

@@ -1,4 +1,4 @@
-"""The memory plan of continuous batching (`rltt.rollout.continuous`) against what a call allocates:
+"""The memory plan of continuous batching (`rltt.rollout.admission.Continuous`) against what a call allocates:
 one executor of ``chunk_rows`` slots (KV cache and state at the call's longest prompt + the completion
 width) and, for every row of the call, its gates and sampled values held until the call ends."""
 
@@ -11,7 +11,7 @@ from rltt.planning.engine_memory import NativeMemory
 from rltt.planning.run_settings import RunSettings
 from rltt.planning.shapes import ModelShape
 from rltt.rollout import NativeEngine, SamplingParams
-from rltt.rollout import continuous as continuous_module
+from rltt.rollout import decode_loop as continuous_module
 
 from ..rollout.helpers import prompts, tiny_model
 

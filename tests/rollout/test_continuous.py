@@ -1,5 +1,5 @@
-"""Continuous batching in the native engine (`rltt.rollout.continuous`): rows of later prompts take the
-slots of finished rows. The rows keep their meaning (prompt-major, their own random keys: the tokens of
+"""Continuous batching in the native engine (`rltt.rollout.admission.Continuous` on the decode loop):
+rows of later prompts take the slots of finished rows. The rows keep their meaning (prompt-major, their own random keys: the tokens of
 the unchunked call), the record replays bit for bit (fp32 and bf16, dense and deferred, thinking
 budgets, pickled, joined as a Ray pool's shard), each shared prompt prefix is computed once, the KV
 cache is one executor of ``chunk_rows`` slots, and the occupancy counts what the passes held."""
@@ -157,14 +157,18 @@ def test_chunked_calls_count_their_occupancy():
     assert batch.stats.occupancy_waiting == pytest.approx(sum(live[:-last]) / (2 * N) / (len(live) - last))
 
 
-def test_the_recipe_key_turns_it_on_for_the_native_engine_only():
+def test_the_recipe_key_is_on_by_default_and_false_keeps_chunks_on_the_native_engine_only():
     from rltt.orchestration.engines import make_engine
     from rltt.orchestration.train_recipe import RolloutSection
 
     model = tiny_model()
-    assert make_engine({"engine": "native", "chunk_rows": 4, "continuous_batching": True}, model).continuous
-    assert not make_engine({"engine": "native", "chunk_rows": 4}, model).continuous  # off by default
-    assert make_engine(RolloutSection(group_size=2, chunk_rows=4, continuous_batching=True), model).continuous
-    RolloutSection(group_size=2, chunk_rows=4, continuous_batching=True).validate()
+    assert make_engine({"engine": "native", "chunk_rows": 4}, model).continuous  # on by default
+    assert not make_engine({"engine": "native", "chunk_rows": 4, "continuous_batching": False}, model).continuous
+    assert make_engine(RolloutSection(group_size=2, chunk_rows=4), model).continuous
+    assert not make_engine(RolloutSection(group_size=2, chunk_rows=4, continuous_batching=False), model).continuous
+    RolloutSection(group_size=2, chunk_rows=4, continuous_batching=False).validate()
+    RolloutSection(engine="vllm", schedule="dense").validate()  # vLLM batches continuously: the default holds
     with pytest.raises(RlttError, match="rollout.continuous_batching"):
-        RolloutSection(engine="vllm", schedule="dense", continuous_batching=True).validate()
+        RolloutSection(engine="vllm", schedule="dense", continuous_batching=False).validate()
+    with pytest.raises(RlttError, match="rollout.continuous_batching"):
+        make_engine({"engine": "native", "continuous_batching": "yes"}, model)

@@ -108,11 +108,11 @@ def test_the_sampled_values_held_until_the_chunk_ends_are_planned(monkeypatch):
     """Without stop tokens a chunk keeps each sampled token's four float64 values on the device until
     it ends: 32 bytes per completion token, within the memory plan's rollout state per position."""
     from rltt.planning import rollout_memory
-    from rltt.rollout import chunk_decode
+    from rltt.rollout import decode_loop
 
     held = []
-    fill = chunk_decode._Deferred.fill
-    monkeypatch.setattr(chunk_decode._Deferred, "fill", lambda self, out: (
+    fill = decode_loop._Deferred.fill
+    monkeypatch.setattr(decode_loop._Deferred, "fill", lambda self, out: (
         held.append(sum(v.numel() * v.element_size() for v in self.values)), fill(self, out))[1])
     engine = NativeEngine(tiny_model())
     params = SamplingParams(max_new_tokens=6, n=2, exit_policy="sample", schedule="deferred", seed=2, temperature=1.0)

@@ -21,7 +21,7 @@ def test_the_attention_is_resolved_once_per_engine_and_once_per_replay(monkeypat
 
     monkeypatch.setattr(attention_module, "resolve_attention", counted)
     model = tiny_model()
-    engine = NativeEngine(model, chunk_rows=2)
+    engine = NativeEngine(model, chunk_rows=2, continuous=False)
     assert calls == ["sdpa"] and engine.setup.attention.name == engine.attention == "sdpa"
     params = SamplingParams(max_new_tokens=4, n=2, seed=3, exit_policy="sample", schedule="deferred")
     batch = engine.generate(prompts([3, 4, 2]), params)  # three chunks, three executors
