@@ -210,15 +210,20 @@ class TorchBackend(_Backend):
             self._apply_lr()
             self.optimizer.step()
             if self.masters is not None:
-                self._round_masters_into_module()
+                self._round_masters_into_module(self.updates)
             self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         return norms, reason
 
     @torch.no_grad()
-    def _round_masters_into_module(self) -> None:
-        for name, p in self._trained.items():
-            p.copy_(self.masters[name])  # rounds to nearest (even) in p's dtype
+    def _round_masters_into_module(self, update: int) -> None:
+        """The masters rounded into the module's 16-bit weights as ``learner.rounding`` says
+        (`rltt.learner.rounding`), keyed by the ``update`` that produced them."""
+        from rltt.learner.rounding import ROUNDINGS
+
+        rounding = ROUNDINGS[self.cfg.rounding]
+        for index, (name, p) in enumerate(self._trained.items()):
+            rounding(p, self.masters[name], update, index)
 
     def save(self, path: Path) -> None:
         state = {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
@@ -253,7 +258,8 @@ class TorchBackend(_Backend):
                       f"{self._dtypes()} weights", file=sys.stderr)
             for name, m in self.masters.items():
                 m.copy_(saved[name] if saved is not None else self._trained[name])
-            self._round_masters_into_module()
+            if saved is not None:  # the weights the last update left, as it rounded them
+                self._round_masters_into_module(max(self.updates - 1, 0))
 
     def _dtypes(self) -> str:
         return "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in self._trained.values()}))

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from rltt.config import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range, check_fields,
                          recipe_error)
 from rltt.learner.backends import BACKENDS
+from rltt.learner.rounding import ROUNDINGS
 from rltt.objectives.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES, COMPUTE_PRICES, SCALES_OF
 from rltt.objectives.corrections import CORRECTIONS
 from rltt.objectives.policy_losses import POLICY_LOSSES
@@ -176,6 +177,11 @@ class LearnerConfig:
     which brings its log-probs closer to an fp32 rollout's (lower ``mismatch/*``); the gates and
     the carried state stay as computed. A no-op on an fp32 learner.
 
+    ``rounding``: how a bf16 learner's fp32 masters become the module weights (what the loss and the
+    engines use) after each update — ``nearest`` (default) or ``stochastic`` (unbiased: an update below
+    half a bf16 ulp moves the weight with the matching probability; `rltt.learner.rounding`); torch
+    backend only, a no-op on an fp32 learner.
+
     ``lora``: train LoRA adapters only (`LoraSection`); null (the default) trains every parameter.
     """
 
@@ -191,6 +197,7 @@ class LearnerConfig:
     pack_sequences: bool = True
     activation_checkpointing: bool = False
     lm_head_dtype: Literal[tuple(LM_HEAD_DTYPES)] = "model"  # type: ignore[valid-type]  # the table's names
+    rounding: Literal[tuple(ROUNDINGS)] = "nearest"  # type: ignore[valid-type]  # masters -> 16-bit weights
     lora: LoraSection | None = None  # null: full fine-tuning
 
     def __post_init__(self) -> None:
@@ -202,6 +209,9 @@ class LearnerConfig:
                                                      f"in {self.dtype} (DeepSpeed accumulates a 16-bit model's "
                                                      f"gradients in fp32 only under ZeRO 1-3): use zero_stage 1, 2 "
                                                      f"or 3, or learner.dtype fp32")
+        if self.rounding != "nearest" and self.backend != "torch":
+            raise recipe_error("learner.rounding", f"{self.rounding} is built for learner.backend torch; "
+                                                   f"{self.backend} rounds its masters to nearest")
 
     @property
     def head_dtype(self):

@@ -893,6 +893,10 @@ def check_rounding_lost(run: RunData) -> Diagnosis | None:
     actions = [f"raise the learning rate (learner.lr{f', now {_sci(lr.median)}' if lr is not None else ''}) so one "
                "step moves a weight by more than half an ulp of the engines' dtype"]
     if dtype != "fp32":
+        backend = _recipe_value(run, "learner", "backend")
+        if backend in (None, "torch") and _recipe_value(run, "learner", "rounding") != "stochastic":
+            actions.append("or round the masters stochastically (learner.rounding: stochastic: a change below half "
+                           "an ulp then moves the weight with the matching probability)")
         actions.append("or train in fp32 (learner.dtype: fp32; the engines then sample in fp32 too)")
     return Diagnosis(
         "rounding_lost", Severity.WARNING, "Updates lost to rounding: the engines' weights barely change",

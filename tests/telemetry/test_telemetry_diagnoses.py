@@ -360,6 +360,13 @@ def test_updates_lost_to_rounding_fire_when_the_engines_weights_stay_put(tmp_pat
     (tmp_path / "fp32" / "recipe.resolved.yaml").write_text("learner:\n  dtype: fp32\n")
     fp32 = [x for x in dx.diagnose(RunData.load(tmp_path / "fp32")) if x.id == "rounding_lost"]
     assert fp32 and "learner.dtype" not in fp32[0].action  # already fp32: only the lr is offered
+    assert "learner.rounding: stochastic" in d.action and "learner.rounding" not in fp32[0].action
+    for name, learner in (("stochastic", "dtype: bf16\n  rounding: stochastic"),
+                          ("deepspeed", "dtype: bf16\n  backend: deepspeed")):
+        write_run(tmp_path / name, records)
+        (tmp_path / name / "recipe.resolved.yaml").write_text(f"learner:\n  {learner}\n")
+        found = [x for x in dx.diagnose(RunData.load(tmp_path / name)) if x.id == "rounding_lost"]
+        assert found and "learner.rounding" not in found[0].action, name  # already on, or not built there
 
 
 def test_updates_lost_to_rounding_stay_quiet_when_healthy_early_or_without_a_gradient():
