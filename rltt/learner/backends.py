@@ -105,15 +105,14 @@ class _Backend:
         the watch."""
         if self._before is None:
             return 0.0
-        changed = torch.zeros((), dtype=torch.float64)
-        total = 0
+        changed, total = 0.0, 0
         for name, t in self._held_trained().items():
             now, before = self._sample(t).to(self._watched), self._before[name]
             if before.numel():
                 changed += float((now != before).sum()) / before.numel() * t.numel()
             total += t.numel()
         self._watched, self._before = None, None
-        counts = self._sum_ranks(torch.tensor([float(changed), float(total)], dtype=torch.float64))
+        counts = self._sum_ranks(torch.tensor([changed, float(total)], dtype=torch.float64))
         return float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
 
 

@@ -49,14 +49,12 @@ class RowRandom:
         return out
 
     def slots(self, num: int) -> "RowRandom":
-        """Keys for ``num`` slots of a decode loop, a copy of this one's first rows' (each slot takes the
-        key of the row it holds, `assign`)."""
+        """Keys for ``num`` (at most this one's rows) slots of a decode loop: a copy of the first rows', each
+        slot taking the key of the row it holds (`assign`)."""
+        if num > len(self.host_keys):
+            raise ValueError(f"RowRandom.slots: {num} slots for {len(self.host_keys)} rows")
         out = self.take(0, num)
         out.keys, out.host_keys = out.keys.clone(), out.host_keys.clone()
-        if len(out.host_keys) < num:  # more slots than rows: the rest get theirs when seated
-            pad = num - len(out.host_keys)
-            out.keys = torch.cat([out.keys, out.keys.new_zeros(pad)])
-            out.host_keys = torch.cat([out.host_keys, out.host_keys.new_zeros(pad)])
         return out
 
     def assign(self, slot: int, source: "RowRandom", row: int) -> None:
